@@ -1,0 +1,48 @@
+# Primus Flow's two entry points. Each sets itself up: Python environment, JVM jars, services.
+#   make demo   run the main job end to end on the embedded local stack
+#   make test   lint, type-check, import rules, unit and integration tests
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# CI and developer machines carry a CPU build of torch beside the checkout; PyPI's is CUDA.
+TORCH_WHEEL := $(firstword $(wildcard ../shared/wheels/torch-*.whl))
+
+.PHONY: demo test unit checks setup jars down clean
+
+demo: setup
+	$(BIN)/flow run pipelines/smoke.py
+
+test: setup checks
+	$(BIN)/pytest -m "not integration"
+	$(BIN)/pytest -m integration
+
+unit: setup
+	$(BIN)/pytest -m "not integration"
+
+checks: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+setup: $(STAMP) jars
+
+$(STAMP): pyproject.toml requirements/constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed: set PYTHON=python3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@if [ -n "$(TORCH_WHEEL)" ]; then echo "installing $(TORCH_WHEEL)"; $(BIN)/pip install --quiet "$(TORCH_WHEEL)"; fi
+	$(BIN)/pip install --quiet -c requirements/constraints.txt -e '.[spark,train,dev]'
+	touch $@
+
+jars: $(STAMP)
+	$(BIN)/flow jars fetch
+
+down:
+	@if [ -x $(BIN)/flow ]; then $(BIN)/flow services down; fi
+
+clean: down
+	rm -rf $(VENV) .flow .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,252 @@
+"""``flow``: the command line of Primus Flow.
+
+    flow services up | down | status     the embedded local stack
+    flow ui                              the MLflow UI of the local stack
+    flow jars fetch | list               JVM artifacts in the project-local cache
+    flow submit [spark-submit options] APP.py [args]
+    flow run APP.py [args]               services up, then submit on the local stack
+    flow spark-args                      the options to give a plain spark-submit
+
+Heavy imports (pyiceberg, MLflow, Kafka clients) happen inside the commands that need them, so
+``flow --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import webbrowser
+from collections.abc import Callable, Sequence
+from functools import wraps
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from flow.config import StackConfig
+from flow.errors import FlowError
+
+__all__ = ["main"]
+
+console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _friendly(fn: F) -> F:
+    """Print a FlowError as a one-paragraph message (no traceback) and exit 1."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FlowError as exc:
+            console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise SystemExit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _stack() -> StackConfig:
+    return StackConfig.from_env()
+
+
+def _progress(message: str) -> None:
+    console.print(f"  [dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="primus-flow")
+def main() -> None:
+    """Primus Flow: Kafka + Iceberg + Spark into PyTorch trainers, tracked in MLflow."""
+
+
+# -- services -------------------------------------------------------------------------------
+
+
+def _status_table(rows: Sequence[Any]) -> Table:
+    table = Table(show_header=True, header_style="bold")
+    for column in ("service", "state", "address", "pid", "detail"):
+        table.add_column(column)
+    colours = {"running": "green", "ready": "green", "external": "cyan", "stopped": "yellow"}
+    for row in rows:
+        colour = colours.get(row.state, "red")
+        table.add_row(
+            row.name, f"[{colour}]{row.state}[/]", row.address, str(row.pid or ""), row.detail
+        )
+    return table
+
+
+@main.group()
+def services() -> None:
+    """Start, stop and inspect the local stack (Kafka, Iceberg catalog, MLflow)."""
+
+
+_only = click.option(
+    "--only",
+    multiple=True,
+    type=click.Choice(["kafka", "iceberg", "mlflow"]),
+    help="Act on this service only (repeatable).",
+)
+
+
+@services.command("up")
+@_only
+@_friendly
+def services_up(only: tuple[str, ...]) -> None:
+    """Start every service that is not running (harmless when all are)."""
+    from flow import services as svc
+
+    stack = _stack()
+    console.print(f"[bold]Local stack[/] in {stack.home}")
+    started = time.monotonic()
+    rows = svc.up(stack, only, progress=_progress)
+    console.print(_status_table(rows))
+    console.print(f"up in {time.monotonic() - started:.1f}s")
+    if not all(r.healthy for r in rows):
+        raise SystemExit(1)
+
+
+@services.command("down")
+@_only
+@_friendly
+def services_down(only: tuple[str, ...]) -> None:
+    """Stop the managed services and every process they started."""
+    from flow import services as svc
+
+    console.print(_status_table(svc.down(_stack(), only)))
+
+
+@services.command("status")
+@_only
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_friendly
+def services_status(only: tuple[str, ...], as_json: bool) -> None:
+    """Show each service as it is now; exit 1 if any is dead or not answering."""
+    from flow import services as svc
+
+    rows = svc.status(_stack(), only)
+    if as_json:
+        click.echo(json.dumps([r.__dict__ for r in rows], indent=2))
+    else:
+        console.print(_status_table(rows))
+    if any(r.state in ("dead", "unresponsive") for r in rows):
+        raise SystemExit(1)
+
+
+@main.command()
+@click.option("--open", "open_browser", is_flag=True, help="Also open it in a web browser.")
+@_friendly
+def ui(open_browser: bool) -> None:
+    """Start the MLflow server of the local stack if needed and print the UI's address."""
+    from flow import services as svc
+
+    stack = _stack()
+    (row,) = svc.up(stack, ("mlflow",), progress=_progress)
+    if not row.healthy:
+        raise FlowError(f"the MLflow UI is not available: {row.state} {row.detail}")
+    click.echo(f"MLflow UI: {stack.mlflow.tracking_uri}")
+    if open_browser:
+        webbrowser.open(stack.mlflow.tracking_uri)
+
+
+# -- jars -----------------------------------------------------------------------------------
+
+
+@main.group()
+def jars() -> None:
+    """JVM artifacts, resolved from Maven Central into the project-local cache."""
+
+
+@jars.command("fetch")
+@click.option(
+    "--profile",
+    "profiles",
+    multiple=True,
+    help="Profile to resolve (repeatable; default: spark and kafka).",
+)
+@click.option("--verify", is_flag=True, help="Re-check every cached jar's SHA-256.")
+@_friendly
+def jars_fetch(profiles: tuple[str, ...], verify: bool) -> None:
+    """Resolve the pinned jars once; later runs reuse them without the network."""
+    from flow import jars as jarmod
+
+    stack = _stack()
+    for name in profiles or ("spark", "kafka"):
+        started = time.monotonic()
+        with console.status(f"resolving the {name} jars from {stack.maven_repo} ..."):
+            resolved = jarmod.resolve(name, stack, verify=verify, progress=_progress)
+        size = sum(p.stat().st_size for p in resolved.jars) / 1e6
+        console.print(
+            f"{name}: {len(resolved.jars)} jars, {size:.0f} MB in {resolved.folder} "
+            f"({time.monotonic() - started:.1f}s)"
+        )
+
+
+@jars.command("list")
+@click.argument("profile", default="spark")
+@_friendly
+def jars_list(profile: str) -> None:
+    """Print the jar paths of PROFILE, one per line."""
+    from flow import jars as jarmod
+
+    for jar in jarmod.resolve(profile, _stack()).jars:
+        click.echo(str(jar))
+
+
+# -- Spark jobs -----------------------------------------------------------------------------
+
+_passthrough = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+def _launch(argv: Sequence[str], stack: StackConfig) -> int:
+    from flow.engine import load_engine
+
+    launch = load_engine("spark").submit_command(list(argv), stack)
+    console.print(f"[dim]$ {shlex.join(launch.argv)}[/]", highlight=False, soft_wrap=True)
+    return subprocess.call(launch.argv, env={**os.environ, **launch.env})
+
+
+@main.command(context_settings=_passthrough)
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
+@_friendly
+def submit(argv: tuple[str, ...]) -> None:
+    """spark-submit APP with the stack's jars, catalogs and Kafka settings.
+
+    Options before APP go to spark-submit and win over the stack's (--master, --conf k=v, ...);
+    arguments after APP go to the application.
+    """
+    raise SystemExit(_launch(argv, _stack()))
+
+
+@main.command(context_settings=_passthrough)
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
+@_friendly
+def run(argv: tuple[str, ...]) -> None:
+    """Bring the local stack up, then submit APP on it (like `flow submit`)."""
+    from flow import services as svc
+
+    stack = _stack()
+    rows = svc.up(stack, progress=_progress)
+    unhealthy = [r for r in rows if not r.healthy]
+    if unhealthy:
+        console.print(_status_table(rows))
+        raise FlowError(f"the local stack is not healthy: {', '.join(r.name for r in unhealthy)}")
+    raise SystemExit(_launch(argv, stack))
+
+
+@main.command("spark-args")
+@_friendly
+def spark_args() -> None:
+    """Print the spark-submit options that give a job the stack (for a plain spark-submit)."""
+    from flow.engine import load_engine
+
+    click.echo(" ".join(shlex.quote(o) for o in load_engine("spark").submit_options(_stack())))
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m flow.cli`
+    sys.exit(main())

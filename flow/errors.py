@@ -1,0 +1,72 @@
+"""Every error Primus Flow raises on purpose.
+
+Each message names what went wrong and what to change. Callers catch :class:`FlowError` to tell
+these apart from bugs; the CLI prints them without a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArtifactResolutionError",
+    "ConfigError",
+    "DependencyMissingError",
+    "EngineNotFoundError",
+    "FlowError",
+    "JavaNotFoundError",
+    "PortInUseError",
+    "ServiceError",
+    "ServiceStartError",
+    "SparkSetupError",
+]
+
+
+class FlowError(Exception):
+    """Base class of the errors Primus Flow raises on purpose."""
+
+
+class ConfigError(FlowError, ValueError):
+    """A setting has a value that cannot work; the message names the setting."""
+
+
+class DependencyMissingError(FlowError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+    def __init__(self, module: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the Python package '{module}', which is not installed. "
+            f"Install it with: pip install 'primus-flow[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra
+
+
+class JavaNotFoundError(FlowError):
+    """No usable Java runtime (17 or newer) was found."""
+
+
+class ArtifactResolutionError(FlowError):
+    """A JVM artifact could not be resolved or downloaded."""
+
+    def __init__(self, message: str, artifacts: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.artifacts = artifacts
+
+
+class EngineNotFoundError(FlowError):
+    """No engine plugin is installed under the requested name."""
+
+
+class SparkSetupError(FlowError):
+    """The Spark session cannot be built with the settings it was given."""
+
+
+class ServiceError(FlowError):
+    """A local service could not be started, stopped or reached."""
+
+
+class PortInUseError(ServiceError):
+    """A port a local service needs is taken by another process."""
+
+
+class ServiceStartError(ServiceError):
+    """A local service exited or did not become ready; the message carries its log's tail."""

@@ -1,0 +1,370 @@
+"""JVM artifacts from Maven Central, resolved once into a project-local cache.
+
+Resolution runs Apache Ivy, the copy that ships inside pyspark (``pyspark/jars/ivy-*.jar``), so no
+build tool is needed beyond Java. Each *profile* (the Spark connectors, the Kafka broker) is
+retrieved into its own folder with a ``manifest.json`` recording what was asked for and what came
+back. While the manifest matches the pinned versions and the files are intact, nothing touches the
+network again; ``FLOW_OFFLINE=1`` makes that a rule.
+
+The Spark profile leaves out every module pyspark already ships: Delta's POM, for instance, asks
+for jackson 2.13 and hadoop as compile dependencies, and older copies of Spark's own libraries on
+the classpath break Spark. Spark's jars always win.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from xml.sax.saxutils import quoteattr
+
+from flow import versions
+from flow.config import StackConfig
+from flow.errors import ArtifactResolutionError, DependencyMissingError
+from flow.java import find_java
+
+__all__ = [
+    "PROFILES",
+    "Coordinate",
+    "JarProfile",
+    "ResolvedJars",
+    "ivy_module_xml",
+    "parse_ivy_failures",
+    "pyspark_jars_dir",
+    "resolve",
+]
+
+MANIFEST = "manifest.json"
+_JAR_NAME = re.compile(r"^(?P<module>.+?)-(?P<version>\d.*)\.jar$")
+
+
+@dataclass(frozen=True, order=True)
+class Coordinate:
+    """A Maven ``group:artifact:version``."""
+
+    group: str
+    artifact: str
+    version: str
+
+    @classmethod
+    def parse(cls, text: str) -> Coordinate:
+        parts = text.split(":")
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"{text!r} is not a Maven coordinate group:artifact:version")
+        return cls(*parts)
+
+    def __str__(self) -> str:
+        return f"{self.group}:{self.artifact}:{self.version}"
+
+
+@dataclass(frozen=True)
+class JarProfile:
+    """A set of artifacts resolved together into one folder."""
+
+    name: str
+    coordinates: tuple[Coordinate, ...]
+    overrides: tuple[Coordinate, ...] = ()
+    """Force these versions wherever the module appears in the dependency tree."""
+    exclude_spark_provided: bool = False
+    """Leave out every module pyspark's own ``jars/`` folder already has."""
+    driver_classpath: tuple[str, ...] = ()
+    """Artifact names that must also sit on the JVM's system classpath (JDBC drivers)."""
+    purpose: str = ""
+
+
+def _spark(artifact: str, version: str) -> Coordinate:
+    return Coordinate("org.apache.spark", f"{artifact}_{versions.SCALA}", version)
+
+
+PROFILES: dict[str, JarProfile] = {
+    profile.name: profile
+    for profile in (
+        JarProfile(
+            name="spark",
+            coordinates=(
+                _spark("spark-sql-kafka-0-10", versions.SPARK),
+                Coordinate(
+                    "org.apache.iceberg",
+                    f"iceberg-spark-runtime-4.1_{versions.SCALA}",
+                    versions.ICEBERG,
+                ),
+                Coordinate("io.delta", f"delta-spark_4.1_{versions.SCALA}", versions.DELTA),
+                Coordinate("org.xerial", "sqlite-jdbc", versions.SQLITE_JDBC),
+            ),
+            overrides=(_spark("spark-token-provider-kafka-0-10", versions.KAFKA_TOKEN_PROVIDER),),
+            exclude_spark_provided=True,
+            driver_classpath=("sqlite-jdbc",),
+            purpose="Spark connectors: Kafka, Iceberg, Delta, SQLite JDBC",
+        ),
+        JarProfile(
+            name="spark-s3",
+            coordinates=(Coordinate("org.apache.iceberg", "iceberg-aws-bundle", versions.ICEBERG),),
+            exclude_spark_provided=True,
+            purpose="Iceberg S3FileIO for object-store warehouses (REST catalog on S3)",
+        ),
+        JarProfile(
+            name="kafka",
+            coordinates=(
+                Coordinate("org.apache.kafka", f"kafka_{versions.SCALA}", versions.KAFKA_BROKER),
+                Coordinate("org.apache.logging.log4j", "log4j-slf4j-impl", versions.LOG4J),
+            ),
+            purpose="the local Kafka broker (KRaft), run in its own JVM",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ResolvedJars:
+    """The jars of one profile, ready to put on a classpath."""
+
+    profile: str
+    folder: Path
+    jars: tuple[Path, ...]
+    driver_classpath: tuple[Path, ...] = field(default=())
+
+    @property
+    def classpath(self) -> str:
+        return ":".join(str(p) for p in self.jars)
+
+
+def pyspark_jars_dir() -> Path:
+    """The ``jars/`` folder of the installed pyspark, found without importing pyspark."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise DependencyMissingError("pyspark", "spark", "Resolving JVM jars")
+    return Path(next(iter(spec.submodule_search_locations))) / "jars"
+
+
+def _spark_provided_modules() -> list[str]:
+    names = set()
+    for jar in pyspark_jars_dir().glob("*.jar"):
+        match = _JAR_NAME.match(jar.name)
+        if match:
+            names.add(match.group("module"))
+    return sorted(names)
+
+
+def _ivy_jar() -> Path:
+    candidates = sorted(pyspark_jars_dir().glob("ivy-*.jar"))
+    if not candidates:
+        raise ArtifactResolutionError(
+            f"pyspark's jars folder {pyspark_jars_dir()} has no ivy-*.jar; reinstall pyspark "
+            f"{versions.SPARK} (pip install --force-reinstall pyspark=={versions.SPARK})"
+        )
+    return candidates[-1]
+
+
+def ivy_module_xml(profile: JarProfile, provided: Iterable[str] = ()) -> str:
+    """The Ivy module descriptor that resolves ``profile``.
+
+    Test jars are excluded everywhere: spark-sql-kafka's POM names its token provider twice, once
+    as a test-jar, and Ivy would otherwise fetch that unpublished ``-tests.jar``.
+    """
+    lines = [
+        '<ivy-module version="2.0">',
+        f'  <info organisation="primus-flow" module={quoteattr(profile.name)}/>',
+        '  <configurations><conf name="default"/></configurations>',
+        "  <dependencies>",
+    ]
+    for c in profile.coordinates:
+        lines.append(
+            f"    <dependency org={quoteattr(c.group)} name={quoteattr(c.artifact)} "
+            f'rev={quoteattr(c.version)} conf="default->default"/>'
+        )
+    # Ivy's schema wants every <exclude> before any <override>.
+    lines.append('    <exclude org="*" module="*" type="test-jar"/>')
+    lines.extend(f'    <exclude org="*" module={quoteattr(m)}/>' for m in provided)
+    for c in profile.overrides:
+        lines.append(
+            f"    <override org={quoteattr(c.group)} module={quoteattr(c.artifact)} "
+            f"rev={quoteattr(c.version)}/>"
+        )
+    lines += ["  </dependencies>", "</ivy-module>", ""]
+    return "\n".join(lines)
+
+
+def _ivy_settings_xml(repo: str, cache: Path) -> str:
+    return "\n".join(
+        [
+            "<ivysettings>",
+            '  <settings defaultResolver="maven"/>',
+            f"  <caches defaultCacheDir={quoteattr(str(cache))}/>",
+            "  <resolvers>",
+            f'    <ibiblio name="maven" m2compatible="true" root={quoteattr(repo)}/>',
+            "  </resolvers>",
+            "</ivysettings>",
+            "",
+        ]
+    )
+
+
+_UNRESOLVED = re.compile(
+    r"^\s*::\s+(?P<org>[^#\s]+)#(?P<name>[^;\s]+);(?P<rev>[^:\s]+):\s*(?P<why>.+)$"
+)
+_FAILED = re.compile(r"^\s*::\s+(?P<org>[^#\s]+)#(?P<name>[^;\s]+);(?P<rev>[^!\s]+)!(?P<file>\S+)")
+
+
+def parse_ivy_failures(output: str) -> list[tuple[str, str]]:
+    """``(group:artifact:version, reason)`` for each artifact Ivy reports it could not get."""
+    failures: list[tuple[str, str]] = []
+    section = ""
+    for line in output.splitlines():
+        if "UNRESOLVED DEPENDENCIES" in line:
+            section = "unresolved"
+        elif "FAILED DOWNLOADS" in line:
+            section = "failed"
+        elif section == "unresolved" and (m := _UNRESOLVED.match(line)):
+            failures.append((f"{m['org']}:{m['name']}:{m['rev']}", m["why"].strip()))
+        elif section == "failed" and (m := _FAILED.match(line)):
+            failures.append(
+                (f"{m['org']}:{m['name']}:{m['rev']}", f"download of {m['file']} failed")
+            )
+    return failures
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _request(profile: JarProfile, provided: list[str]) -> dict[str, object]:
+    """What a manifest must match for its jars to be reused."""
+    return {
+        "coordinates": [str(c) for c in profile.coordinates],
+        "overrides": [str(c) for c in profile.overrides],
+        "excluded_spark_modules": hashlib.sha256("\n".join(provided).encode()).hexdigest(),
+    }
+
+
+def _load_current(folder: Path, request: dict[str, object], verify: bool) -> list[Path] | None:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("request") != request:
+        return None
+    jars = []
+    for entry in manifest.get("jars", []):
+        path = folder / entry["file"]
+        if not path.is_file() or path.stat().st_size != entry["size"]:
+            return None
+        if verify and _sha256(path) != entry["sha256"]:
+            return None
+        jars.append(path)
+    return jars or None
+
+
+def _result(profile: JarProfile, folder: Path, jars: list[Path]) -> ResolvedJars:
+    driver = tuple(
+        p
+        for p in jars
+        if (m := _JAR_NAME.match(p.name)) and m["module"] in profile.driver_classpath
+    )
+    return ResolvedJars(profile.name, folder, tuple(sorted(jars)), driver)
+
+
+def resolve(
+    profile_name: str,
+    stack: StackConfig,
+    *,
+    verify: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> ResolvedJars:
+    """The jars of ``profile_name``, from the cache when current, else from the Maven repository.
+
+    ``verify`` re-checks every jar's SHA-256 against the manifest instead of its size only.
+    """
+    try:
+        profile = PROFILES[profile_name]
+    except KeyError:
+        raise ArtifactResolutionError(
+            f"no jar profile {profile_name!r}; profiles: {', '.join(PROFILES)}"
+        ) from None
+    provided = _spark_provided_modules() if profile.exclude_spark_provided else []
+    request = _request(profile, provided)
+    folder = stack.jar_cache / profile.name
+    cached = _load_current(folder, request, verify)
+    if cached is not None:
+        return _result(profile, folder, cached)
+    if stack.offline:
+        raise ArtifactResolutionError(
+            f"the {profile.name} jars ({profile.purpose}) are not in {folder} and FLOW_OFFLINE=1 "
+            "forbids downloading them; run `flow jars fetch` once with access to "
+            f"{stack.maven_repo}, or unset FLOW_OFFLINE",
+            tuple(str(c) for c in profile.coordinates),
+        )
+
+    java = find_java()
+    staging = folder.with_name(folder.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    (staging / "ivy.xml").write_text(ivy_module_xml(profile, provided))
+    (staging / "ivysettings.xml").write_text(
+        _ivy_settings_xml(stack.maven_repo, stack.jar_cache / "ivy-cache")
+    )
+    lib = staging / "lib"
+    command = [
+        str(java.executable),
+        "-jar",
+        str(_ivy_jar()),
+        "-settings",
+        str(staging / "ivysettings.xml"),
+        "-ivy",
+        str(staging / "ivy.xml"),
+        "-confs",
+        "default",
+        "-types",
+        "jar",
+        "bundle",
+        "-retrieve",
+        f"{lib}/[artifact]-[revision](-[classifier]).[ext]",
+        "-sync",
+    ]
+    started = time.monotonic()
+    output: list[str] = []
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        for line in proc.stdout or ():
+            output.append(line)
+            if progress and "[SUCCESSFUL ]" in line:
+                progress(line.split("!")[-1].split("(")[0].strip())
+    log = "".join(output)
+    (staging / "ivy.log").write_text(log)
+    failures = parse_ivy_failures(log)
+    if proc.returncode != 0 or failures:
+        names = tuple(name for name, _ in failures)
+        detail = "; ".join(f"{name} ({why})" for name, why in failures) or log.strip()[-2000:]
+        raise ArtifactResolutionError(
+            f"could not resolve the {profile.name} jars from {stack.maven_repo}: {detail}. "
+            "Check that this machine reaches the repository, or point FLOW_MAVEN_REPO at a "
+            f"mirror that has these artifacts. Ivy's log: {staging / 'ivy.log'}",
+            names,
+        )
+
+    jars = sorted(lib.glob("*.jar"))
+    manifest = {
+        "profile": profile.name,
+        "purpose": profile.purpose,
+        "repo": stack.maven_repo,
+        "request": request,
+        "resolved_in_s": round(time.monotonic() - started, 1),
+        "jars": [
+            {"file": f"lib/{p.name}", "size": p.stat().st_size, "sha256": _sha256(p)} for p in jars
+        ],
+    }
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return _result(profile, folder, [folder / "lib" / p.name for p in jars])

@@ -1,0 +1,228 @@
+"""The local Kafka broker: a real KRaft broker+controller in its own JVM, on 127.0.0.1.
+
+Its jars come from ``org.apache.kafka:kafka_2.13`` on Maven Central (the ``kafka`` jar profile)
+and never share a classpath with Spark. Storage is formatted on first start. Everything lives in
+``$FLOW_HOME/services/kafka``: ``server.properties``, ``data/`` and ``broker.log``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import uuid
+
+from flow import jars
+from flow.config import LOOPBACK, StackConfig
+from flow.errors import ServiceError, ServiceStartError
+from flow.java import find_java
+from flow.kafka import broker_answers
+from flow.services import process
+from flow.services.base import Progress, ServiceStatus
+
+__all__ = ["KafkaService"]
+
+_START_TIMEOUT_S = 90.0
+_ROTATE_LOG_BYTES = 50 * 1024 * 1024
+
+
+class KafkaService:
+    """``flow services`` for the broker."""
+
+    name = "kafka"
+
+    def __init__(self, stack: StackConfig) -> None:
+        self.stack = stack
+        self.config = stack.kafka
+        self.dir = stack.services_dir / "kafka"
+        self.data = self.dir / "data"
+        self.record_path = self.dir / "process.json"
+        self.log = self.dir / "broker.log"
+
+    @property
+    def address(self) -> str:
+        return self.config.bootstrap_servers
+
+    # -- status ------------------------------------------------------------------------------
+
+    def status(self) -> ServiceStatus:
+        if not self.config.managed:
+            answers = broker_answers(self.config, timeout=3.0)
+            detail = f"{answers} broker(s) answer" if answers else "does not answer"
+            return ServiceStatus(self.name, "external", self.address, detail=detail)
+        record = process.ProcessRecord.load(self.record_path)
+        if record is None:
+            return ServiceStatus(self.name, "stopped", self.address)
+        if not process.alive(record):
+            return ServiceStatus(
+                self.name,
+                "dead",
+                self.address,
+                record.pid,
+                f"pid {record.pid} is gone without `flow services down`; see {self.log}",
+            )
+        if process.port_open(LOOPBACK, self.config.port) and broker_answers(self.config):
+            return ServiceStatus(self.name, "running", self.address, record.pid)
+        return ServiceStatus(
+            self.name, "unresponsive", self.address, record.pid, f"not answering; see {self.log}"
+        )
+
+    # -- up ----------------------------------------------------------------------------------
+
+    def up(self, progress: Progress) -> ServiceStatus:
+        current = self.status()
+        if current.state in ("running", "external"):
+            return current
+        record = process.ProcessRecord.load(self.record_path)
+        if current.state == "unresponsive" and record is not None:
+            progress(f"kafka: pid {record.pid} is alive but not answering yet; waiting")
+            self._wait(record, progress)
+            return self.status()
+        if current.state == "dead":
+            progress(f"kafka: the previous broker (pid {current.pid}) had died; starting a new one")
+            self.record_path.unlink(missing_ok=True)
+
+        for port, setting in (
+            (self.config.port, "FLOW_KAFKA_PORT"),
+            (self.config.controller_port, "FLOW_KAFKA_CONTROLLER_PORT"),
+        ):
+            process.ensure_port_free(LOOPBACK, port, setting, "the Kafka broker")
+        java = find_java()
+        resolved = jars.resolve("kafka", self.stack, progress=lambda f: progress(f"kafka: fetched {f}"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "server.properties").write_text(self._server_properties())
+        (self.dir / "log4j2.properties").write_text(_LOG4J2.format(level="INFO"))
+        self._format_storage(str(java.executable), resolved.classpath, progress)
+        self._rotate_log()
+
+        command = [
+            str(java.executable),
+            "-Xms128m",
+            f"-Xmx{self.config.heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+            "-cp",
+            resolved.classpath,
+            "kafka.Kafka",
+            str(self.dir / "server.properties"),
+        ]
+        progress(f"kafka: starting a KRaft broker on {self.address}")
+        record = process.spawn(command, self.log, cwd=self.dir)
+        record.save(self.record_path)
+        self._wait(record, progress)
+        return self.status()
+
+    def _wait(self, record: process.ProcessRecord, progress: Progress) -> None:
+        waited = process.wait_ready(
+            record,
+            lambda: process.port_open(LOOPBACK, self.config.port)
+            and broker_answers(self.config, timeout=1.0) is not None,
+            service=f"the Kafka broker on {self.address}",
+            timeout=_START_TIMEOUT_S,
+        )
+        progress(f"kafka: broker answers after {waited:.1f}s")
+
+    def _server_properties(self) -> str:
+        controller = f"{LOOPBACK}:{self.config.controller_port}"
+        lines = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": controller,
+            "listeners": f"PLAINTEXT://{LOOPBACK}:{self.config.port},CONTROLLER://{controller}",
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.config.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.data),
+            "num.partitions": "1",
+            # Topics are created on purpose (flow.kafka.ensure_topics): a typo in a topic name
+            # must fail rather than create an empty topic a pipeline then waits on forever.
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "log.retention.hours": "168",
+        }
+        return "".join(f"{k}={v}\n" for k, v in lines.items())
+
+    def _format_storage(self, java: str, classpath: str, progress: Progress) -> None:
+        """Format ``data/`` once; refuse to reuse storage formatted for other ports."""
+        formatted = self.dir / "formatted.json"
+        wanted = {"port": self.config.port, "controller_port": self.config.controller_port}
+        if (self.data / "meta.properties").exists():
+            try:
+                previous = json.loads(formatted.read_text())
+            except (OSError, ValueError):
+                previous = wanted
+            if previous != wanted:
+                raise ServiceError(
+                    f"the broker storage in {self.data} was formatted for ports {previous}, "
+                    f"but the settings now ask for {wanted}. Set FLOW_KAFKA_PORT and "
+                    "FLOW_KAFKA_CONTROLLER_PORT back, or delete that folder to start empty"
+                )
+            return
+        # A Kafka cluster id is a UUID, base64url-encoded without padding.
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        progress("kafka: formatting broker storage (first start)")
+        done = subprocess.run(
+            [
+                java,
+                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+                "-cp",
+                classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "--cluster-id",
+                cluster_id,
+                "--config",
+                str(self.dir / "server.properties"),
+                "--standalone",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ServiceStartError(
+                f"formatting the broker storage in {self.data} failed:\n"
+                f"{(done.stdout + done.stderr).strip()[-3000:]}"
+            )
+        formatted.write_text(json.dumps(wanted))
+
+    def _rotate_log(self) -> None:
+        if self.log.exists() and self.log.stat().st_size > _ROTATE_LOG_BYTES:
+            self.log.replace(self.log.with_suffix(".log.1"))
+
+    # -- down --------------------------------------------------------------------------------
+
+    def down(self) -> ServiceStatus:
+        if not self.config.managed:
+            return self.status()
+        record = process.ProcessRecord.load(self.record_path)
+        if record is not None:
+            # Kafka shuts down cleanly on SIGTERM (flushes logs, leaves the quorum) in a few s.
+            process.stop(record, timeout=30.0)
+            self.record_path.unlink(missing_ok=True)
+        return ServiceStatus(self.name, "stopped", self.address)
+
+
+_LOG4J2 = """\
+# Generated by `flow services up`; the broker's output goes to broker.log beside this file.
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.out.ref = out
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.cleaner.name = kafka.log.LogCleaner
+logger.cleaner.level = WARN
+"""

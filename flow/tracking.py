@@ -1,0 +1,167 @@
+"""Tracking pipeline runs in MLflow: one parent run per pipeline run, one nested run per stage.
+
+Trackers take an explicit tracking URI and never touch MLflow's process-global "active run", so a
+Spark driver, a trainer and a test can each hold their own without stepping on each other. Stages
+are tracked *around* transforms (``with tracker.stage("...")``), never inside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from flow import versions
+
+__all__ = ["MlflowTracker", "NullTracker", "Run", "Tracker", "stack_versions"]
+
+
+def stack_versions() -> dict[str, str]:
+    """Versions of the stack, logged as parameters so every run says what it ran on."""
+    found: dict[str, str] = {}
+    for dist in ("primus-flow", "pyspark", "delta-spark", "pyiceberg", "pyarrow", "mlflow", "torch"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[f"version.{dist}"] = importlib.metadata.version(dist)
+    found["version.iceberg-spark-runtime"] = versions.ICEBERG
+    found["version.delta-spark-jar"] = versions.DELTA
+    found["version.kafka-broker"] = versions.KAFKA_BROKER
+    return found
+
+
+class Run(Protocol):
+    """A tracked run: the pipeline run or one of its stages."""
+
+    run_id: str
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+
+    def log_dict(self, data: Any, artifact_file: str) -> None: ...
+
+
+class Tracker(Protocol):
+    """Where runs go: MLflow, or nowhere."""
+
+    def pipeline_run(
+        self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None
+    ) -> contextlib.AbstractContextManager[Run]: ...
+
+    def stage(self, name: str) -> contextlib.AbstractContextManager[Run]: ...
+
+
+@dataclass
+class _NullRun:
+    run_id: str = "untracked"
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        return None
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self.metrics.update(metrics)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        return None
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        return None
+
+
+class NullTracker:
+    """Tracks nothing; for tests of transforms and for runs with tracking switched off."""
+
+    @contextlib.contextmanager
+    def pipeline_run(
+        self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None
+    ) -> Iterator[Run]:
+        yield _NullRun()
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[Run]:
+        yield _NullRun()
+
+
+class _MlflowRun:
+    def __init__(self, client: Any, run_id: str) -> None:
+        self._client = client
+        self.run_id = run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        # MLflow caps a parameter value at 6000 characters; longer ones belong in an artifact.
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for start in range(0, len(items), 100):
+            self._client.log_batch(self.run_id, params=items[start : start + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
+        self._client.log_batch(self.run_id, metrics=items)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        self._client.log_text(self.run_id, json.dumps(data, indent=2, default=str), artifact_file)
+
+
+class MlflowTracker:
+    """Runs in one MLflow experiment, through the tracking server at ``tracking_uri``."""
+
+    def __init__(self, tracking_uri: str, experiment: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        found = self.client.get_experiment_by_name(experiment)
+        self.experiment_id: str = (
+            found.experiment_id if found else self.client.create_experiment(experiment)
+        )
+        self._parent: _MlflowRun | None = None
+
+    @contextlib.contextmanager
+    def _run(self, name: str, tags: dict[str, str]) -> Iterator[_MlflowRun]:
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        handle = _MlflowRun(self.client, run.info.run_id)
+        try:
+            yield handle
+        except BaseException:
+            self.client.set_terminated(handle.run_id, status="FAILED")
+            raise
+        self.client.set_terminated(handle.run_id, status="FINISHED")
+
+    @contextlib.contextmanager
+    def pipeline_run(
+        self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None
+    ) -> Iterator[Run]:
+        """The parent run; stages opened inside it nest under it."""
+        with self._run(name, {"flow.kind": "pipeline", **(tags or {})}) as run:
+            run.log_params({**stack_versions(), **(params or {})})
+            self._parent = run
+            try:
+                yield run
+            finally:
+                self._parent = None
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[Run]:
+        """A nested run for one stage of the current pipeline run, timed."""
+        tags = {"flow.kind": "stage", "flow.stage": name}
+        if self._parent is not None:
+            tags["mlflow.parentRunId"] = self._parent.run_id
+        started = time.monotonic()
+        with self._run(name, tags) as run:
+            yield run
+            run.log_metrics({"duration_s": time.monotonic() - started})

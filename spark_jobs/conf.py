@@ -1,0 +1,107 @@
+"""The Spark settings that give a session the stack: jars, the Iceberg catalog, Delta, UTC.
+
+Pure functions from a :class:`StackConfig` (and resolved jars) to ``spark.*`` key/value pairs, so
+the same settings reach a session pyspark launches, a ``flow submit`` command line and a plain
+``spark-submit`` (``flow spark-args``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from flow.config import LOOPBACK, CatalogConfig, StackConfig
+
+__all__ = [
+    "LAUNCH_KEYS",
+    "REQUIRED_CLASSES",
+    "catalog_conf",
+    "is_local_master",
+    "session_conf",
+    "stack_conf",
+]
+
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+DELTA_EXTENSIONS = "io.delta.sql.DeltaSparkSessionExtension"
+
+#: Settings that only take effect when the JVM is launched; a running session cannot change them.
+LAUNCH_KEYS = frozenset(
+    {"spark.master", "spark.jars", "spark.driver.extraClassPath", "spark.driver.memory"}
+)
+
+#: A class of each connector, checked in the driver JVM to tell a missing jar early and clearly.
+REQUIRED_CLASSES = {
+    "Iceberg (iceberg-spark-runtime)": "org.apache.iceberg.spark.SparkCatalog",
+    "Delta (delta-spark)": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "Kafka (spark-sql-kafka)": "org.apache.spark.sql.kafka010.KafkaSourceProvider",
+    "SQLite JDBC (sqlite-jdbc)": "org.sqlite.JDBC",
+}
+
+
+def is_local_master(master: str) -> bool:
+    return master.startswith("local")
+
+
+def catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
+    """The Iceberg ``SparkCatalog`` that opens the same catalog as pyiceberg."""
+    prefix = f"spark.sql.catalog.{catalog.name}"
+    conf = {prefix: "org.apache.iceberg.spark.SparkCatalog"}
+    if catalog.type == "sql":
+        conf[f"{prefix}.catalog-impl"] = "org.apache.iceberg.jdbc.JdbcCatalog"
+        conf[f"{prefix}.uri"] = f"jdbc:sqlite:{catalog.sqlite_path}"
+        # V1 adds the iceberg_type column pyiceberg's schema lacks and reads its rows as tables.
+        conf[f"{prefix}.jdbc.schema-version"] = "V1"
+    else:
+        conf[f"{prefix}.type"] = "rest"
+        conf[f"{prefix}.uri"] = catalog.uri
+    conf[f"{prefix}.warehouse"] = catalog.warehouse
+    for key, value in catalog.properties.items():
+        conf[f"{prefix}.{key}"] = value
+    return conf
+
+
+def session_conf(stack: StackConfig, *, local: bool) -> dict[str, str]:
+    """Settings a session can take at creation: catalogs, extensions, time zone, local tuning."""
+    conf = {
+        "spark.sql.extensions": f"{ICEBERG_EXTENSIONS},{DELTA_EXTENSIONS}",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # Event-time pipelines compare timestamps across sources; one zone avoids surprises.
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.warehouse.dir": str(stack.home / "spark-warehouse"),
+        **catalog_conf(stack.catalog),
+    }
+    if local:
+        cores = os.cpu_count() or 2
+        conf.update(
+            {
+                "spark.driver.bindAddress": LOOPBACK,
+                "spark.driver.host": LOOPBACK,
+                # 200 shuffle partitions and Delta's 50 snapshot partitions are sized for
+                # clusters; on one machine they turn a small job into hundreds of tiny tasks.
+                "spark.sql.shuffle.partitions": str(max(2, 2 * cores)),
+                "spark.databricks.delta.snapshotPartitions": str(max(2, cores)),
+            }
+        )
+    return conf
+
+
+def stack_conf(
+    stack: StackConfig,
+    jars: Sequence[Path],
+    driver_classpath: Sequence[Path],
+    *,
+    master: str,
+) -> dict[str, str]:
+    """Every setting for a job on ``master``: :func:`session_conf` plus the launch-only ones."""
+    local = is_local_master(master)
+    conf = {
+        "spark.master": master,
+        "spark.jars": ",".join(str(j) for j in jars),
+        # JDBC drivers register with java.sql.DriverManager only from the system classpath.
+        "spark.driver.extraClassPath": ":".join(str(j) for j in driver_classpath),
+        **session_conf(stack, local=local),
+    }
+    if local:
+        conf["spark.driver.memory"] = stack.spark.driver_memory
+    return conf

@@ -1,0 +1,33 @@
+"""The Spark engine, registered as the ``spark`` entry point of ``primus_flow.engines``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from flow.config import StackConfig
+from flow.engine import Launch
+from flow.errors import ConfigError
+from flow.smoke import SmokeCheck
+from spark_jobs import submit
+
+__all__ = ["SparkEngine"]
+
+
+class SparkEngine:
+    """Launches jobs through spark-submit and runs pipeline definitions in a Spark driver."""
+
+    def submit_options(self, stack: StackConfig) -> list[str]:
+        return submit.submit_options(stack)
+
+    def submit_command(self, argv: Sequence[str], stack: StackConfig) -> Launch:
+        return submit.submit_command(argv, stack)
+
+    def run(self, spec: Any, stack: StackConfig) -> int:
+        if isinstance(spec, SmokeCheck):
+            from spark_jobs.smoke import run_smoke
+
+            return 0 if run_smoke(spec, stack).reconciled else 1
+        raise ConfigError(
+            f"the spark engine cannot run a {type(spec).__name__}; it runs: SmokeCheck"
+        )

@@ -1,0 +1,111 @@
+"""The one Spark session factory: jars, the Iceberg catalog, Delta and Kafka, ready to use.
+
+Run as a plain Python program, :func:`get_session` launches Spark itself (``local[*]`` unless
+``FLOW_SPARK_MASTER`` says otherwise) with the stack's jars. Run under ``spark-submit`` (or
+``flow submit``), the JVM already exists: the session keeps everything spark-submit was given
+(``--master``, ``--conf``) and adds only what is missing; if the connector jars were not given, it
+says how to launch the job so that they are.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+from flow import jars, versions
+from flow.config import LOOPBACK, StackConfig
+from flow.errors import SparkSetupError
+from spark_jobs.conf import REQUIRED_CLASSES, is_local_master, session_conf, stack_conf
+
+__all__ = ["get_session", "launched_by_spark_submit", "stack_jars"]
+
+
+def launched_by_spark_submit() -> bool:
+    """True when this Python process was started by spark-submit's PythonRunner."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _check_pyspark() -> None:
+    installed = importlib.metadata.version("pyspark")
+    if _minor(installed) != _minor(versions.SPARK):
+        raise SparkSetupError(
+            f"pyspark {installed} is installed, but the stack's connectors are built for Spark "
+            f"{versions.SPARK}; install pyspark=={versions.SPARK} (pip install 'primus-flow[spark]')"
+        )
+
+
+def stack_jars(stack: StackConfig) -> jars.ResolvedJars:
+    """The Spark connector jars, plus Iceberg's S3 support when the warehouse is on S3."""
+    resolved = jars.resolve("spark", stack)
+    if stack.catalog.warehouse.startswith(("s3://", "s3a://")):
+        s3 = jars.resolve("spark-s3", stack)
+        resolved = jars.ResolvedJars(
+            "spark+s3", resolved.folder, resolved.jars + s3.jars, resolved.driver_classpath
+        )
+    return resolved
+
+
+def _missing_classes(spark: SparkSession) -> list[str]:
+    jvm = spark.sparkContext._jvm
+    if jvm is None:  # Spark Connect: there is no driver JVM to look into
+        return []
+    utils = jvm.org.apache.spark.util.Utils
+    return [name for name, cls in REQUIRED_CLASSES.items() if not utils.classIsLoadable(cls)]
+
+
+def get_session(
+    stack: StackConfig | None = None,
+    app_name: str = "primus-flow",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """The active session, or a new one configured for ``stack``; ``conf`` adds settings."""
+    _check_pyspark()
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    stack = stack or StackConfig.from_env()
+    builder = SparkSession.builder.appName(app_name)
+
+    if launched_by_spark_submit():
+        from pyspark import SparkConf
+
+        given = SparkConf()  # what spark-submit set, read from the already running JVM
+        master = given.get("spark.master", "local[*]") or "local[*]"
+        wanted = {**session_conf(stack, local=is_local_master(master)), **(conf or {})}
+        for key, value in wanted.items():
+            if not given.contains(key):
+                builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        missing = _missing_classes(spark)
+        if missing:
+            spark.stop()
+            raise SparkSetupError(
+                f"this job was launched by spark-submit without the stack's jars "
+                f"(missing: {', '.join(missing)}). Launch it with `flow submit APP.py`, or add "
+                "the output of `flow spark-args` to your spark-submit command"
+            )
+    else:
+        master = stack.spark.master
+        if is_local_master(master):
+            # Spark's web UI binds to SPARK_LOCAL_IP, not spark.driver.bindAddress.
+            os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+        resolved = stack_jars(stack)
+        settings = stack_conf(stack, resolved.jars, resolved.driver_classpath, master=master)
+        for key, value in {**settings, **(conf or {})}.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+
+    if _minor(spark.version) != _minor(versions.SPARK):
+        raise SparkSetupError(
+            f"the Spark runtime is {spark.version} (SPARK_HOME={os.environ.get('SPARK_HOME')}), "
+            f"but the connectors are built for {versions.SPARK}; use a Spark {_minor(versions.SPARK)}"
+            " installation or unset SPARK_HOME to use pyspark's own"
+        )
+    return spark

@@ -1,0 +1,60 @@
+"""Helpers the test folders share (fixtures live in conftest.py files)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from flow.config import ENV_VARS
+
+REPO = Path(__file__).resolve().parents[1]
+FLOW_BIN = str(Path(sys.executable).with_name("flow"))
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports nothing listens on right now (held open together so they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def clean_environ() -> dict[str, str]:
+    """os.environ without any stack setting, so the developer's own exports cannot leak in."""
+    return {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+
+
+def stack_env_for(home: Path) -> dict[str, str]:
+    kafka, controller, mlflow = free_ports(3)
+    return {
+        "FLOW_HOME": str(home),
+        "FLOW_JAR_CACHE": os.environ.get("FLOW_JAR_CACHE") or str(REPO / ".flow" / "jars"),
+        "FLOW_KAFKA_PORT": str(kafka),
+        "FLOW_KAFKA_CONTROLLER_PORT": str(controller),
+        "FLOW_MLFLOW_PORT": str(mlflow),
+    }
+
+
+def run_flow(
+    args: list[str], env: Mapping[str, str], timeout: float = 600, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``flow`` command as a user would, with ``env`` as the stack settings."""
+    return subprocess.run(
+        [FLOW_BIN, *args],
+        env={**clean_environ(), **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
