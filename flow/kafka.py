@@ -66,7 +66,12 @@ def ensure_topics(
     if not wanted:
         return []
     futures = client.create_topics(
-        [NewTopic(t, num_partitions=partitions, replication_factor=1, config=dict(settings or {})) for t in wanted],
+        [
+            NewTopic(
+                t, num_partitions=partitions, replication_factor=1, config=dict(settings or {})
+            )
+            for t in wanted
+        ],
         operation_timeout=timeout,
     )
     created = []

@@ -25,7 +25,9 @@ def local_services(stack: StackConfig, only: tuple[str, ...] = ()) -> list[Servi
     """The services of ``stack`` in start order, or just those named in ``only``."""
     unknown = sorted(set(only) - set(SERVICE_NAMES))
     if unknown:
-        raise ConfigError(f"unknown service(s) {', '.join(unknown)}; services: {', '.join(SERVICE_NAMES)}")
+        raise ConfigError(
+            f"unknown service(s) {', '.join(unknown)}; services: {', '.join(SERVICE_NAMES)}"
+        )
     services: list[Service] = [KafkaService(stack), CatalogService(stack), MlflowService(stack)]
     return [s for s in services if not only or s.name in only]
 
@@ -34,7 +36,9 @@ def _noop(_: str) -> None:
     return None
 
 
-def up(stack: StackConfig, only: tuple[str, ...] = (), progress: Progress = _noop) -> list[ServiceStatus]:
+def up(
+    stack: StackConfig, only: tuple[str, ...] = (), progress: Progress = _noop
+) -> list[ServiceStatus]:
     """Start what is not running; harmless when everything already is."""
     with file_lock(stack.services_dir / ".lock"):
         return [service.up(progress) for service in local_services(stack, only)]

@@ -32,7 +32,8 @@ class CatalogService:
         try:
             with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
                 row = db.execute(
-                    "SELECT count(*) FROM iceberg_tables WHERE catalog_name = ?", (self.config.name,)
+                    "SELECT count(*) FROM iceberg_tables WHERE catalog_name = ?",
+                    (self.config.name,),
                 ).fetchone()
         except sqlite3.Error:
             return None

@@ -88,7 +88,9 @@ class KafkaService:
         ):
             process.ensure_port_free(LOOPBACK, port, setting, "the Kafka broker")
         java = find_java()
-        resolved = jars.resolve("kafka", self.stack, progress=lambda f: progress(f"kafka: fetched {f}"))
+        resolved = jars.resolve(
+            "kafka", self.stack, progress=lambda f: progress(f"kafka: fetched {f}")
+        )
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "server.properties").write_text(self._server_properties())
         (self.dir / "log4j2.properties").write_text(_LOG4J2.format(level="INFO"))
@@ -117,8 +119,10 @@ class KafkaService:
     def _wait(self, record: process.ProcessRecord, progress: Progress) -> None:
         waited = process.wait_ready(
             record,
-            lambda: process.port_open(LOOPBACK, self.config.port)
-            and broker_answers(self.config, timeout=1.0) is not None,
+            lambda: (
+                process.port_open(LOOPBACK, self.config.port)
+                and broker_answers(self.config, timeout=1.0) is not None
+            ),
             service=f"the Kafka broker on {self.address}",
             timeout=_START_TIMEOUT_S,
         )

@@ -60,8 +60,18 @@ class ProcessRecord:
             return None
 
 
+# Services started by this process. Holding their Popen objects keeps Python from warning that a
+# running child was garbage-collected, and polling them reaps one that died, so a long-lived
+# parent (a test session, a scheduler) does not collect zombies.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def alive(record: ProcessRecord) -> bool:
     """Whether the recorded process is still running (and is the same process)."""
+    child = _children.get(record.pid)
+    if child is not None and child.poll() is not None:
+        del _children[record.pid]
+        return False
     try:
         proc = psutil.Process(record.pid)
         # create_time is rounded differently across reads; a second of slack is plenty.
@@ -90,6 +100,7 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
         )
+    _children[proc.pid] = proc
     try:
         create_time = psutil.Process(proc.pid).create_time()
     except psutil.Error:
@@ -192,6 +203,9 @@ def stop(record: ProcessRecord, timeout: float = 30.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         psutil.wait_procs(still, timeout=10)
+    child = _children.pop(record.pid, None)
+    if child is not None:
+        child.wait(timeout=10)
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:

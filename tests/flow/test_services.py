@@ -1,0 +1,131 @@
+"""``flow services``: the real broker and MLflow server, started, killed and stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flow import services
+from flow.config import StackConfig
+from flow.errors import JavaNotFoundError, PortInUseError, ServiceStartError
+from flow.services.process import ProcessRecord, alive
+from tests.support import run_flow, stack_env_for
+
+
+def _processes_under(home: Path) -> list[str]:
+    """Command lines of live processes that mention the stack's folder."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(home) in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(cmdline[:200])
+    return found
+
+
+def _pids(env: dict[str, str]) -> dict[str, int | None]:
+    done = run_flow(["services", "status", "--json"], env)
+    return {row["name"]: row["pid"] for row in json.loads(done.stdout)}
+
+
+@pytest.mark.integration
+def test_up_twice_is_harmless_and_down_leaves_no_process(tmp_path: Path) -> None:
+    env = stack_env_for(tmp_path / "home")
+    home = Path(env["FLOW_HOME"]).resolve()
+    try:
+        first = run_flow(["services", "up"], env)
+        assert first.returncode == 0, first.stderr
+        pids = _pids(env)
+        assert pids["kafka"]
+        assert pids["mlflow"]
+
+        second = run_flow(["services", "up"], env)
+        assert second.returncode == 0, second.stderr
+        assert _pids(env) == pids, "a second `up` must not start anything new"
+        assert "starting" not in second.stderr
+    finally:
+        down = run_flow(["services", "down"], env)
+    assert down.returncode == 0, down.stderr
+    assert _processes_under(home) == []
+    status = json.loads(run_flow(["services", "status", "--json"], env).stdout)
+    assert {row["name"]: row["state"] for row in status} == {
+        "kafka": "stopped",
+        "iceberg": "ready",
+        "mlflow": "stopped",
+    }
+
+
+@pytest.mark.integration
+def test_status_tells_the_truth_after_the_broker_is_killed(tmp_path: Path) -> None:
+    env = stack_env_for(tmp_path / "home")
+    stack = StackConfig.from_env(env)
+    try:
+        (row,) = services.up(stack, ("kafka",))
+        assert row.state == "running"
+        assert row.pid is not None
+        os.kill(row.pid, signal.SIGKILL)
+        psutil.Process(row.pid).wait(timeout=10)
+
+        (row,) = services.status(stack, ("kafka",))
+        assert row.state == "dead"
+        assert "gone without `flow services down`" in row.detail
+        cli = run_flow(["services", "status", "--only", "kafka"], env)
+        assert cli.returncode == 1
+        assert "dead" in cli.stderr
+
+        (again,) = services.up(stack, ("kafka",))
+        assert again.state == "running"
+        assert again.pid != row.pid
+    finally:
+        services.down(stack)
+
+
+@pytest.mark.integration
+def test_a_broker_that_dies_at_start_reports_the_end_of_its_log(tmp_path: Path) -> None:
+    env = stack_env_for(tmp_path / "home") | {"FLOW_KAFKA_HEAP": "1k"}
+    stack = StackConfig.from_env(env)
+    try:
+        with pytest.raises(ServiceStartError) as caught:
+            services.up(stack, ("kafka",))
+    finally:
+        services.down(stack)
+    message = str(caught.value)
+    assert "exited while starting" in message
+    assert "heap" in message.lower()  # the JVM's own words, from the log's last lines
+    record = ProcessRecord.load(stack.services_dir / "kafka" / "process.json")
+    assert record is None or not alive(record)
+
+
+def test_a_taken_port_names_the_setting_to_change(tmp_path: Path) -> None:
+    env = stack_env_for(tmp_path / "home")
+    stack = StackConfig.from_env(env)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", stack.kafka.port))
+        squatter.listen()
+        with pytest.raises(PortInUseError, match=f"{stack.kafka.port}.*set FLOW_KAFKA_PORT"):
+            services.up(stack, ("kafka",))
+
+
+def test_a_missing_java_is_reported_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(JavaNotFoundError, match="install a Java 17"):
+        services.up(stack, ("kafka",))
+    assert _processes_under(stack.home) == []
+
+
+@pytest.mark.integration
+def test_flow_ui_prints_the_address_of_the_running_server(
+    running_stack: StackConfig, stack_env: dict[str, str]
+) -> None:
+    done = run_flow(["ui"], stack_env)
+    assert done.returncode == 0, done.stderr
+    assert f"MLflow UI: {running_stack.mlflow.tracking_uri}" in done.stdout
