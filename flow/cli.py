@@ -203,11 +203,17 @@ def jars_list(profile: str) -> None:
 _passthrough = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
 
+def _abbreviated(argv: Sequence[str]) -> str:
+    """The command line with long jar lists shortened to a count, for the terminal."""
+    shown = [f"<{a.count(',') + 1} jars>" if a.count(",") > 3 and ".jar" in a else a for a in argv]
+    return shlex.join(shown)
+
+
 def _launch(argv: Sequence[str], stack: StackConfig) -> int:
     from flow.engine import load_engine
 
     launch = load_engine("spark").submit_command(list(argv), stack)
-    console.print(f"[dim]$ {shlex.join(launch.argv)}[/]", highlight=False, soft_wrap=True)
+    console.print(f"[dim]$ {_abbreviated(launch.argv)}[/]", highlight=False, soft_wrap=True)
     return subprocess.call(launch.argv, env={**os.environ, **launch.env})
 
 

@@ -9,12 +9,13 @@ package installed, the error names the extra to install.
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from flow.config import StackConfig
-from flow.errors import EngineNotFoundError
+from flow.errors import EngineNotFoundError, FlowError
 
 __all__ = ["ENGINE_GROUP", "BatchEngine", "Launch", "load_engine", "run_main"]
 
@@ -69,4 +70,9 @@ def run_main(spec: Any, engine: str = "spark") -> None:
     Works under ``spark-submit`` (the session keeps spark-submit's settings) and under ``flow
     run``. Exits with the engine's exit code.
     """
-    raise SystemExit(load_engine(engine).run(spec, StackConfig.from_env()))
+    try:
+        code = load_engine(engine).run(spec, StackConfig.from_env())
+    except FlowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 1
+    raise SystemExit(code)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
+import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +24,15 @@ __all__ = ["MlflowTracker", "NullTracker", "Run", "Tracker", "stack_versions"]
 def stack_versions() -> dict[str, str]:
     """Versions of the stack, logged as parameters so every run says what it ran on."""
     found: dict[str, str] = {}
-    for dist in ("primus-flow", "pyspark", "delta-spark", "pyiceberg", "pyarrow", "mlflow", "torch"):
+    for dist in (
+        "primus-flow",
+        "pyspark",
+        "delta-spark",
+        "pyiceberg",
+        "pyarrow",
+        "mlflow",
+        "torch",
+    ):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[f"version.{dist}"] = importlib.metadata.version(dist)
     found["version.iceberg-spark-runtime"] = versions.ICEBERG
@@ -50,7 +59,10 @@ class Tracker(Protocol):
     """Where runs go: MLflow, or nowhere."""
 
     def pipeline_run(
-        self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None
+        self,
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> contextlib.AbstractContextManager[Run]: ...
 
     def stage(self, name: str) -> contextlib.AbstractContextManager[Run]: ...
@@ -79,7 +91,10 @@ class NullTracker:
 
     @contextlib.contextmanager
     def pipeline_run(
-        self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None
+        self,
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Iterator[Run]:
         yield _NullRun()
 
@@ -123,6 +138,9 @@ class MlflowTracker:
     def __init__(self, tracking_uri: str, experiment: str) -> None:
         from mlflow.tracking import MlflowClient
 
+        # MLflow 3 prints a "View run" line to stdout whenever a run ends: one per stage here.
+        # Pipelines print one summary link instead; export the variable as false to get them.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
@@ -144,7 +162,10 @@ class MlflowTracker:
 
     @contextlib.contextmanager
     def pipeline_run(
-        self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None
+        self,
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Iterator[Run]:
         """The parent run; stages opened inside it nest under it."""
         with self._run(name, {"flow.kind": "pipeline", **(tags or {})}) as run:

@@ -1,8 +1,8 @@
 """The stack smoke pipeline: Kafka, Iceberg, Delta and MLflow through Spark.
 
-    flow run pipelines/smoke.py                     # the local stack, brought up first
-    flow submit --master spark://host:7077 pipelines/smoke.py
-    spark-submit $(flow spark-args) pipelines/smoke.py --events 5000
+flow run pipelines/smoke.py                     # the local stack, brought up first
+flow submit --master spark://host:7077 pipelines/smoke.py
+spark-submit $(flow spark-args) pipelines/smoke.py --events 5000
 """
 
 from __future__ import annotations

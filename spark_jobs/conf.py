@@ -27,8 +27,17 @@ DELTA_EXTENSIONS = "io.delta.sql.DeltaSparkSessionExtension"
 
 #: Settings that only take effect when the JVM is launched; a running session cannot change them.
 LAUNCH_KEYS = frozenset(
-    {"spark.master", "spark.jars", "spark.driver.extraClassPath", "spark.driver.memory"}
+    {
+        "spark.master",
+        "spark.jars",
+        "spark.driver.extraClassPath",
+        "spark.driver.extraJavaOptions",
+        "spark.driver.memory",
+    }
 )
+
+#: WARN-level driver logging (spark-submit's own default is INFO).
+DRIVER_LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
 #: A class of each connector, checked in the driver JVM to tell a missing jar early and clearly.
 REQUIRED_CLASSES = {
@@ -100,6 +109,7 @@ def stack_conf(
         "spark.jars": ",".join(str(j) for j in jars),
         # JDBC drivers register with java.sql.DriverManager only from the system classpath.
         "spark.driver.extraClassPath": ":".join(str(j) for j in driver_classpath),
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{DRIVER_LOG4J2}",
         **session_conf(stack, local=local),
     }
     if local:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import sys
 from collections.abc import Mapping
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -37,7 +39,8 @@ def _check_pyspark() -> None:
     if _minor(installed) != _minor(versions.SPARK):
         raise SparkSetupError(
             f"pyspark {installed} is installed, but the stack's connectors are built for Spark "
-            f"{versions.SPARK}; install pyspark=={versions.SPARK} (pip install 'primus-flow[spark]')"
+            f"{versions.SPARK}; install pyspark=={versions.SPARK} "
+            "(pip install 'primus-flow[spark]')"
         )
 
 
@@ -52,10 +55,8 @@ def stack_jars(stack: StackConfig) -> jars.ResolvedJars:
     return resolved
 
 
-def _missing_classes(spark: SparkSession) -> list[str]:
-    jvm = spark.sparkContext._jvm
-    if jvm is None:  # Spark Connect: there is no driver JVM to look into
-        return []
+def _missing_classes(jvm: Any) -> list[str]:
+    """The connectors whose classes the driver JVM cannot load."""
     utils = jvm.org.apache.spark.util.Utils
     return [name for name, cls in REQUIRED_CLASSES.items() if not utils.classIsLoadable(cls)]
 
@@ -71,28 +72,35 @@ def get_session(
     if active is not None:
         return active
     stack = stack or StackConfig.from_env()
+    if stack.catalog.type == "sql":
+        # sqlite-jdbc creates the file but not its folder; JdbcCatalog then only says "Failed
+        # to connect".
+        stack.catalog.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
     builder = SparkSession.builder.appName(app_name)
 
     if launched_by_spark_submit():
-        from pyspark import SparkConf
+        from pyspark import SparkConf, SparkContext
 
-        given = SparkConf()  # what spark-submit set, read from the already running JVM
+        # Connect to spark-submit's JVM first: until then SparkConf() sees no settings at all.
+        SparkContext._ensure_initialized()
+        missing = _missing_classes(SparkContext._jvm)
+        if missing:
+            raise SparkSetupError(
+                f"this job was launched by spark-submit without the stack's jars "
+                f"(missing: {', '.join(missing)}). Launch it with `flow submit APP.py`, or add "
+                "the output of `flow spark-args` to your spark-submit command"
+            )
+        given = SparkConf()  # what spark-submit set, read from the running JVM
         master = given.get("spark.master", "local[*]") or "local[*]"
         wanted = {**session_conf(stack, local=is_local_master(master)), **(conf or {})}
         for key, value in wanted.items():
             if not given.contains(key):
                 builder = builder.config(key, value)
         spark = builder.getOrCreate()
-        missing = _missing_classes(spark)
-        if missing:
-            spark.stop()
-            raise SparkSetupError(
-                f"this job was launched by spark-submit without the stack's jars "
-                f"(missing: {', '.join(missing)}). Launch it with `flow submit APP.py`, or add "
-                "the output of `flow spark-args` to your spark-submit command"
-            )
     else:
         master = stack.spark.master
+        # Python workers (mapInArrow, UDFs) would otherwise run whatever `python3` is on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         if is_local_master(master):
             # Spark's web UI binds to SPARK_LOCAL_IP, not spark.driver.bindAddress.
             os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
@@ -105,7 +113,7 @@ def get_session(
     if _minor(spark.version) != _minor(versions.SPARK):
         raise SparkSetupError(
             f"the Spark runtime is {spark.version} (SPARK_HOME={os.environ.get('SPARK_HOME')}), "
-            f"but the connectors are built for {versions.SPARK}; use a Spark {_minor(versions.SPARK)}"
-            " installation or unset SPARK_HOME to use pyspark's own"
+            f"but the connectors are built for {versions.SPARK}; use a Spark "
+            f"{_minor(versions.SPARK)} installation or unset SPARK_HOME to use pyspark's own"
         )
     return spark

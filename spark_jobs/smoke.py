@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
-from pyiceberg.expressions import EqualTo
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -98,7 +97,9 @@ def _produce(spec: SmokeCheck, stack: StackConfig, run_tag: str) -> int:
             "amount": round(rng.expovariate(1 / 20), 2),
             "ts": (start + timedelta(milliseconds=event_id)).isoformat(),
         }
-        out.produce(spec.topic, key=str(event["user_id"]), value=json.dumps(event), on_delivery=delivered)
+        out.produce(
+            spec.topic, key=str(event["user_id"]), value=json.dumps(event), on_delivery=delivered
+        )
         out.poll(0)
     remaining = out.flush(60)
     if remaining or failures:
@@ -109,7 +110,9 @@ def _produce(spec: SmokeCheck, stack: StackConfig, run_tag: str) -> int:
     return spec.events
 
 
-def _stream(spark: SparkSession, spec: SmokeCheck, stack: StackConfig) -> tuple[int, dict[str, object]]:
+def _stream(
+    spark: SparkSession, spec: SmokeCheck, stack: StackConfig
+) -> tuple[int, dict[str, object]]:
     cat, ns = stack.catalog.name, spec.namespace
     spark.sql(
         f"""CREATE TABLE IF NOT EXISTS {cat}.{ns}.events_enriched (
@@ -132,7 +135,14 @@ def _stream(spark: SparkSession, spec: SmokeCheck, stack: StackConfig) -> tuple[
     # A stream-static join: Iceberg re-reads the table's current snapshot every micro-batch.
     users = spark.table(f"{cat}.{ns}.users").select("run_tag", "user_id", "segment")
     enriched = events.join(users, ["run_tag", "user_id"], "left").select(
-        "run_tag", "event_id", "user_id", "amount", "ts", "segment", "kafka_partition", "kafka_offset"
+        "run_tag",
+        "event_id",
+        "user_id",
+        "amount",
+        "ts",
+        "segment",
+        "kafka_partition",
+        "kafka_offset",
     )
     query = (
         enriched.writeStream.format("iceberg")
@@ -142,11 +152,10 @@ def _stream(spark: SparkSession, spec: SmokeCheck, stack: StackConfig) -> tuple[
         .toTable(f"{cat}.{ns}.events_enriched")
     )
     query.awaitTermination()
-    progress = query.recentProgress
+    # Parse each progress's JSON: pyspark 4 hands nested offsets over as Python reprs.
+    progress = [json.loads(p.json) for p in query.recentProgress]
     rows = sum(int(p["numInputRows"]) for p in progress)
     offsets: dict[str, object] = progress[-1]["sources"][0]["endOffset"] if progress else {}
-    if isinstance(offsets, str):
-        offsets = json.loads(offsets)
     return rows, offsets
 
 
@@ -187,7 +196,9 @@ def run_smoke(spec: SmokeCheck, stack: StackConfig) -> SmokeReport:
 
         with tracker.stage("iceberg-dimensions") as stage:
             catalog.create_namespace_if_not_exists(spec.namespace)
-            users = catalog.create_table_if_not_exists(f"{spec.namespace}.users", schema=USERS_SCHEMA)
+            users = catalog.create_table_if_not_exists(
+                f"{spec.namespace}.users", schema=USERS_SCHEMA
+            )
             users.append(
                 pa.table(
                     {
@@ -201,7 +212,9 @@ def run_smoke(spec: SmokeCheck, stack: StackConfig) -> SmokeReport:
             snapshot = users.current_snapshot()
             counts["iceberg.users_appended"] = spec.users
             stage.log_metrics({"rows_out": spec.users})
-            stage.set_tags({"iceberg.users.snapshot_id": str(snapshot.snapshot_id if snapshot else "")})
+            stage.set_tags(
+                {"iceberg.users.snapshot_id": str(snapshot.snapshot_id if snapshot else "")}
+            )
             _say(f"pyiceberg appended {spec.users} users to {spec.namespace}.users")
 
         with tracker.stage("kafka-produce") as stage:
@@ -239,11 +252,11 @@ def run_smoke(spec: SmokeCheck, stack: StackConfig) -> SmokeReport:
         with tracker.stage("verify") as stage:
             users_back = catalog.load_table(f"{spec.namespace}.users")
             counts["pyiceberg.users_rows"] = len(
-                users_back.scan(row_filter=EqualTo("run_tag", run_tag)).to_arrow()
+                users_back.scan(row_filter=f"run_tag == '{run_tag}'").to_arrow()
             )
             enriched_back = catalog.load_table(f"{spec.namespace}.events_enriched")
             counts["pyiceberg.enriched_rows"] = len(
-                enriched_back.scan(row_filter=EqualTo("run_tag", run_tag)).to_arrow()
+                enriched_back.scan(row_filter=f"run_tag == '{run_tag}'").to_arrow()
             )
             stage.log_metrics({k: float(v) for k, v in counts.items()})
             stage.log_metrics({"reconciled": float(report.reconciled)})
@@ -264,5 +277,7 @@ def _print(report: SmokeReport) -> None:
     for key, value in report.counts.items():
         table.add_row(key, f"{value:,}")
     console.print(table)
-    verdict = "[green]counts reconcile[/]" if report.reconciled else "[red]counts do NOT reconcile[/]"
+    verdict = (
+        "[green]counts reconcile[/]" if report.reconciled else "[red]counts do NOT reconcile[/]"
+    )
     console.print(f"{verdict}; MLflow: {report.mlflow_url}", highlight=False)

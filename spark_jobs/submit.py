@@ -1,12 +1,13 @@
 """``flow submit``: a spark-submit command line that carries the stack's settings.
 
 The user's own options win: a ``--conf`` key they give replaces ours, their ``--master`` replaces
-the default, and their ``--jars`` / ``--driver-class-path`` are appended to the stack's (spark-submit
-keeps only the last of each, so the two lists are merged into one).
+the default, and their ``--jars`` / ``--driver-class-path`` are appended to the stack's
+(spark-submit keeps only the last of each, so the two lists are merged into one).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -16,10 +17,18 @@ from pathlib import Path
 from flow.config import LOOPBACK, StackConfig
 from flow.engine import Launch
 from flow.errors import ConfigError, DependencyMissingError
+from flow.jars import pyspark_jars_dir
 from spark_jobs.conf import is_local_master, stack_conf
 from spark_jobs.session import stack_jars
 
-__all__ = ["SubmitArgs", "spark_submit_executable", "split_submit_argv", "submit_command", "submit_options"]
+__all__ = [
+    "SubmitArgs",
+    "launch_env",
+    "spark_submit_executable",
+    "split_submit_argv",
+    "submit_command",
+    "submit_options",
+]
 
 #: spark-submit options that take no value; every other option takes one.
 _FLAGS = frozenset({"--verbose", "-v", "--supervise", "--help", "-h", "--version"})
@@ -62,7 +71,9 @@ def split_submit_argv(argv: Sequence[str]) -> SubmitArgs:
             i += 2
         else:
             raise ConfigError(f"spark-submit option {arg} needs a value")
-    raise ConfigError("no application given; usage: flow submit [spark-submit options] APP.py [args]")
+    raise ConfigError(
+        "no application given; usage: flow submit [spark-submit options] APP.py [args]"
+    )
 
 
 def spark_submit_executable() -> str:
@@ -122,5 +133,21 @@ def submit_command(argv: Sequence[str], stack: StackConfig) -> Launch:
             user += [name] if value is None else [name, value]
     head = [] if args.value("--master") else ["--master", master]
     argv_out = [spark_submit_executable(), *head, *ours, *user, args.app, *args.app_args]
-    env = {"SPARK_LOCAL_IP": LOOPBACK} if is_local_master(master) else {}
-    return Launch(argv_out, env)
+    return Launch(argv_out, launch_env(master))
+
+
+def launch_env(master: str) -> dict[str, str]:
+    """Environment for spark-submit: pyspark's Spark, and this interpreter for the driver.
+
+    pyspark's spark-submit script otherwise finds its home, and runs the application, with
+    whatever ``python3`` is first on PATH, which need not have this project installed. Values the
+    user exported win.
+    """
+    env = {
+        "SPARK_HOME": os.environ.get("SPARK_HOME") or str(pyspark_jars_dir().parent),
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable,
+        "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable,
+    }
+    if is_local_master(master):
+        env["SPARK_LOCAL_IP"] = LOOPBACK
+    return env

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from flow.cli import main
+from tests.support import run_flow, stack_env_for
+
+
+def test_help_lists_the_commands() -> None:
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    for command in ("services", "ui", "jars", "submit", "run", "spark-args"):
+        assert command in result.output
+
+
+def test_status_of_a_fresh_stack_is_stopped(tmp_path: Path) -> None:
+    done = run_flow(["services", "status", "--json"], stack_env_for(tmp_path))
+    assert done.returncode == 0, done.stderr
+    states = {row["name"]: row["state"] for row in json.loads(done.stdout)}
+    assert states == {"kafka": "stopped", "iceberg": "stopped", "mlflow": "stopped"}
+
+
+def test_a_bad_setting_is_one_clear_line_without_a_traceback(tmp_path: Path) -> None:
+    done = run_flow(["services", "status"], {"FLOW_HOME": str(tmp_path), "FLOW_KAFKA_PORT": "80"})
+    assert done.returncode == 1
+    assert "FLOW_KAFKA_PORT=80 is outside 1024-65535" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_submit_without_an_application_explains_usage(tmp_path: Path) -> None:
+    done = run_flow(["submit", "--master", "local[1]"], stack_env_for(tmp_path))
+    assert done.returncode == 1
+    assert "no application given" in done.stderr

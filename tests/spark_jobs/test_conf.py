@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from flow.config import StackConfig
+from spark_jobs.conf import LAUNCH_KEYS, catalog_conf, session_conf, stack_conf
+
+
+def test_the_sql_catalog_opens_the_same_sqlite_file_as_pyiceberg(tmp_path: Path) -> None:
+    stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
+    conf = catalog_conf(stack.catalog)
+    assert conf["spark.sql.catalog.flow"] == "org.apache.iceberg.spark.SparkCatalog"
+    assert conf["spark.sql.catalog.flow.catalog-impl"] == "org.apache.iceberg.jdbc.JdbcCatalog"
+    assert conf["spark.sql.catalog.flow.uri"] == f"jdbc:sqlite:{stack.catalog.sqlite_path}"
+    assert conf["spark.sql.catalog.flow.jdbc.schema-version"] == "V1"
+    assert conf["spark.sql.catalog.flow.warehouse"] == stack.catalog.warehouse
+
+
+def test_a_rest_catalog_passes_its_properties_through() -> None:
+    stack = StackConfig.from_env(
+        {
+            "FLOW_CATALOG_NAME": "lake",
+            "FLOW_CATALOG_TYPE": "rest",
+            "FLOW_CATALOG_URI": "http://iceberg-rest:8181",
+            "FLOW_WAREHOUSE": "s3://warehouse/",
+            "FLOW_CATALOG_PROPERTIES": "io-impl=org.apache.iceberg.aws.s3.S3FileIO",
+        }
+    )
+    conf = catalog_conf(stack.catalog)
+    assert conf["spark.sql.catalog.lake.type"] == "rest"
+    assert conf["spark.sql.catalog.lake.uri"] == "http://iceberg-rest:8181"
+    assert conf["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+    assert "spark.sql.catalog.lake.catalog-impl" not in conf
+
+
+def test_local_sessions_bind_to_loopback_and_clusters_are_left_alone(tmp_path: Path) -> None:
+    stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
+    local = session_conf(stack, local=True)
+    cluster = session_conf(stack, local=False)
+    assert local["spark.driver.bindAddress"] == "127.0.0.1"
+    assert "spark.driver.bindAddress" not in cluster
+    assert "spark.sql.shuffle.partitions" not in cluster
+    for conf in (local, cluster):
+        assert "IcebergSparkSessionExtensions" in conf["spark.sql.extensions"]
+        assert "DeltaSparkSessionExtension" in conf["spark.sql.extensions"]
+        assert conf["spark.sql.session.timeZone"] == "UTC"
+
+
+def test_launch_settings_carry_jars_and_the_jdbc_driver(tmp_path: Path) -> None:
+    stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
+    jars = [tmp_path / "a.jar", tmp_path / "sqlite-jdbc-3.jar"]
+    conf = stack_conf(stack, jars, jars[1:], master="spark://m:7077")
+    assert conf["spark.master"] == "spark://m:7077"
+    assert conf["spark.jars"] == f"{jars[0]},{jars[1]}"
+    assert conf["spark.driver.extraClassPath"] == str(jars[1])
+    assert "spark.driver.memory" not in conf  # a cluster's driver memory is the user's call
+    assert set(conf) | {"spark.driver.memory"} >= LAUNCH_KEYS

@@ -1,0 +1,95 @@
+"""The session factory under spark-submit keeps what spark-submit was given."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flow.config import StackConfig
+from spark_jobs.submit import launch_env, spark_submit_executable
+from tests.support import clean_environ, run_flow
+
+pytestmark = pytest.mark.integration
+
+APP = """
+import json
+from spark_jobs.session import get_session
+spark = get_session(app_name="submit-test")
+conf = spark.sparkContext.getConf()
+print("RESULT " + json.dumps({
+    "master": conf.get("spark.master"),
+    "partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+    "catalog": spark.conf.get("spark.sql.catalog.flow.catalog-impl"),
+    "tz": spark.conf.get("spark.sql.session.timeZone"),
+    "rows": spark.range(10).count(),
+}))
+"""
+
+
+def _result(stdout: str) -> dict[str, object]:
+    line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
+    return dict(json.loads(line.removeprefix("RESULT ")))
+
+
+def test_flow_submit_keeps_the_users_master_and_conf(
+    running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(APP)
+    done = run_flow(
+        ["submit", "--master", "local[1]", "--conf", "spark.sql.shuffle.partitions=7", str(app)],
+        stack_env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _result(done.stdout) == {
+        "master": "local[1]",
+        "partitions": "7",
+        "catalog": "org.apache.iceberg.jdbc.JdbcCatalog",
+        "tz": "UTC",
+        "rows": 10,
+    }
+
+
+def test_a_plain_spark_submit_without_the_jars_is_told_how_to_launch(
+    running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(APP)
+    done = subprocess.run(
+        [spark_submit_executable(), "--master", "local[1]", str(app)],
+        env={**clean_environ(), **stack_env, **launch_env("local[1]")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode != 0
+    output = done.stdout + done.stderr  # spark-submit merges the app's stderr into its stdout
+    assert "without the stack's jars" in output
+    assert "flow submit" in output
+    assert "Iceberg (iceberg-spark-runtime)" in output
+
+
+def test_flow_spark_args_make_a_plain_spark_submit_work(
+    running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(APP)
+    args = run_flow(["spark-args"], stack_env)
+    assert args.returncode == 0, args.stderr
+    done = subprocess.run(
+        f"{spark_submit_executable()} --master local[2] {args.stdout.strip()} {app}",
+        shell=True,
+        env={**clean_environ(), **stack_env, **launch_env("local[2]")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _result(done.stdout)
+    assert result["master"] == "local[2]"
+    assert result["catalog"] == "org.apache.iceberg.jdbc.JdbcCatalog"
