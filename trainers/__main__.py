@@ -1,6 +1,6 @@
 """``python -m trainers COMMAND``: the trainers' entry point.
 
-    python -m trainers doctor [--require-gpu] [--json]
+python -m trainers doctor [--require-gpu] [--json]
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def inspect_environment() -> TrainerEnvironment:
             )
     nccl = None
     if cuda and dist.is_nccl_available():
-        nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+        version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+        nccl = ".".join(str(part) for part in version)
     return TrainerEnvironment(
         torch=torch.__version__,
         cuda_available=cuda,
@@ -73,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torch {env.torch} (CUDA runtime {env.cuda_runtime or 'none'})")
         for device in env.devices or ["no CUDA device: training runs on CPU"]:
             print(f"  {device}")
-        print(f"bf16: {env.bf16}  nccl: {env.nccl or 'no'}  gloo: {env.gloo}  DDP backend: {env.backend}")
+        print(
+            f"bf16: {env.bf16}  nccl: {env.nccl or 'no'}  gloo: {env.gloo}  "
+            f"DDP backend: {env.backend}"
+        )
     if args.require_gpu and not env.cuda_available:
         print(
             "error: no CUDA device is visible. Give the container its GPU (compose: "
