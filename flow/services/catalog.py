@@ -22,8 +22,8 @@ class CatalogService:
     @property
     def address(self) -> str:
         if self.config.type == "sql":
-            return f"{self.config.name} @ sqlite:{self.config.sqlite_path}"
-        return f"{self.config.name} @ {self.config.uri}"
+            return f"sqlite:{self.config.sqlite_path}"
+        return self.config.uri
 
     def _table_count(self) -> int | None:
         path = self.config.sqlite_path
@@ -41,12 +41,14 @@ class CatalogService:
 
     def status(self) -> ServiceStatus:
         if self.config.type != "sql":
-            return ServiceStatus(self.name, "external", self.address, detail="REST catalog")
+            return ServiceStatus(
+                self.name, "external", self.address, detail=f"REST catalog {self.config.name}"
+            )
         count = self._table_count()
         if count is None:
             return ServiceStatus(self.name, "stopped", self.address, detail="not initialised")
         return ServiceStatus(
-            self.name, "ready", self.address, detail=f"{count} table(s); {self.config.warehouse}"
+            self.name, "ready", self.address, detail=f"catalog {self.config.name}: {count} table(s)"
         )
 
     def up(self, progress: Progress) -> ServiceStatus:
