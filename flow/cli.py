@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flow.config import StackConfig
@@ -45,7 +46,9 @@ def _friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except FlowError as exc:
-            console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            console.print(
+                f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+            )
             raise SystemExit(1) from None
 
     return wrapper  # type: ignore[return-value]
@@ -56,7 +59,7 @@ def _stack() -> StackConfig:
 
 
 def _progress(message: str) -> None:
-    console.print(f"  [dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False)
+    console.print(f"  [dim]{time.strftime('%H:%M:%S')}[/] {escape(message)}", highlight=False)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,7 +79,11 @@ def _status_table(rows: Sequence[Any]) -> Table:
     for row in rows:
         colour = colours.get(row.state, "red")
         table.add_row(
-            row.name, f"[{colour}]{row.state}[/]", row.address, str(row.pid or ""), row.detail
+            row.name,
+            f"[{colour}]{row.state}[/]",
+            escape(row.address),
+            str(row.pid or ""),
+            escape(row.detail),
         )
     return table
 
@@ -102,7 +109,7 @@ def services_up(only: tuple[str, ...]) -> None:
     from flow import services as svc
 
     stack = _stack()
-    console.print(f"[bold]Local stack[/] in {stack.home}")
+    console.print(f"[bold]Local stack[/] in {escape(str(stack.home))}")
     started = time.monotonic()
     rows = svc.up(stack, only, progress=_progress)
     console.print(_status_table(rows))
@@ -182,7 +189,7 @@ def jars_fetch(profiles: tuple[str, ...], verify: bool) -> None:
             resolved = jarmod.resolve(name, stack, verify=verify, progress=_progress)
         size = sum(p.stat().st_size for p in resolved.jars) / 1e6
         console.print(
-            f"{name}: {len(resolved.jars)} jars, {size:.0f} MB in {resolved.folder} "
+            f"{name}: {len(resolved.jars)} jars, {size:.0f} MB in {escape(str(resolved.folder))} "
             f"({time.monotonic() - started:.1f}s)"
         )
 
@@ -213,7 +220,7 @@ def _launch(argv: Sequence[str], stack: StackConfig) -> int:
     from flow.engine import load_engine
 
     launch = load_engine("spark").submit_command(list(argv), stack)
-    console.print(f"[dim]$ {_abbreviated(launch.argv)}[/]", highlight=False, soft_wrap=True)
+    console.print(f"[dim]$ {escape(_abbreviated(launch.argv))}[/]", highlight=False, soft_wrap=True)
     return subprocess.call(launch.argv, env={**os.environ, **launch.env})
 
 

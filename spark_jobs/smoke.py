@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flow.catalog import open_catalog
@@ -34,6 +35,7 @@ from flow.kafka import ensure_topics, producer
 from flow.smoke import SmokeCheck
 from flow.tracking import MlflowTracker
 from spark_jobs.session import get_session
+from spark_jobs.sources import read_kafka
 
 __all__ = ["SmokeReport", "run_smoke"]
 
@@ -75,7 +77,7 @@ class SmokeReport:
 
 
 def _say(message: str) -> None:
-    console.print(f"[bold cyan]smoke[/] {message}", highlight=False)
+    console.print(f"[bold cyan]smoke[/] {escape(message)}", highlight=False)
 
 
 def _produce(spec: SmokeCheck, stack: StackConfig, run_tag: str) -> int:
@@ -120,13 +122,7 @@ def _stream(
               segment STRING, kafka_partition INT, kafka_offset BIGINT)
             USING iceberg PARTITIONED BY (run_tag)"""
     )
-    raw = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", stack.kafka.bootstrap_servers)
-        .option("subscribe", spec.topic)
-        .option("startingOffsets", "earliest")
-        .load()
-    )
+    raw = read_kafka(spark, stack.kafka, [spec.topic])
     events = raw.select(
         F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"),
         F.col("partition").alias("kafka_partition"),
@@ -280,4 +276,4 @@ def _print(report: SmokeReport) -> None:
     verdict = (
         "[green]counts reconcile[/]" if report.reconciled else "[red]counts do NOT reconcile[/]"
     )
-    console.print(f"{verdict}; MLflow: {report.mlflow_url}", highlight=False)
+    console.print(f"{verdict}; MLflow: {escape(report.mlflow_url)}", highlight=False)

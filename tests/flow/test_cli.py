@@ -34,3 +34,10 @@ def test_submit_without_an_application_explains_usage(tmp_path: Path) -> None:
     done = run_flow(["submit", "--master", "local[1]"], stack_env_for(tmp_path))
     assert done.returncode == 1
     assert "no application given" in done.stderr
+
+
+def test_brackets_in_messages_are_printed_not_taken_for_markup(tmp_path: Path) -> None:
+    missing = tmp_path / "job[1].py"
+    done = run_flow(["submit", str(missing)], stack_env_for(tmp_path))
+    assert done.returncode == 1
+    assert f"{missing} does not exist" in done.stderr.replace("\n", "")

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from flow.catalog import open_catalog
 from flow.config import StackConfig
 from flow.kafka import ensure_topics, producer
+from spark_jobs.sources import read_kafka
 
 pytestmark = pytest.mark.integration
 
@@ -127,13 +128,7 @@ def test_kafka_records_reach_a_checkpointed_structured_stream(
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
     def drain() -> None:
-        raw = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", running_stack.kafka.bootstrap_servers)
-            .option("subscribe", topic)
-            .option("startingOffsets", "earliest")
-            .load()
-        )
+        raw = read_kafka(spark, running_stack.kafka, [topic])
         parsed = raw.selectExpr(
             "CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
             "partition",
