@@ -47,6 +47,7 @@ ENV_VARS: Mapping[str, str] = {
     "FLOW_WAREHOUSE": "Iceberg warehouse location (default $FLOW_HOME/lake/warehouse)",
     "FLOW_CATALOG_PROPERTIES": "extra catalog properties, comma-separated key=value pairs",
     "FLOW_LAKE": "root of path-based Delta tables (default $FLOW_HOME/lake/delta)",
+    "FLOW_FEATURE_STATE": "where fitted feature states go, path or URI ($FLOW_HOME/feature-state)",
     "FLOW_MLFLOW_PORT": "port of the local MLflow server (default 15000)",
     "MLFLOW_TRACKING_URI": "an external MLflow tracking server (unset: the local one)",
     "FLOW_SPARK_MASTER": "Spark master when not launched by spark-submit (default local[*])",
@@ -200,6 +201,8 @@ class StackConfig:
     spark: SparkConfig
     lake: Path
     """Root folder of path-based Delta tables."""
+    feature_state: str
+    """Where fitted feature states are saved and loaded: a path or a pyarrow.fs URI."""
 
     @property
     def services_dir(self) -> Path:
@@ -292,4 +295,5 @@ class StackConfig:
             mlflow=mlflow,
             spark=spark,
             lake=Path(env.get("FLOW_LAKE") or lake_root / "delta").expanduser().resolve(),
+            feature_state=env.get("FLOW_FEATURE_STATE") or str(home / "feature-state"),
         )

@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from flow.config import StackConfig
 from flow.errors import EngineNotFoundError, FlowError
+from flow.pipeline.model import Pipeline
+from flow.pipeline.run import RunOptions, parse_run_args
 
 __all__ = ["ENGINE_GROUP", "BatchEngine", "Launch", "load_engine", "run_main"]
 
@@ -43,7 +45,7 @@ class BatchEngine(Protocol):
         """The launch of ``argv`` (launcher options, the app, its arguments) with the stack."""
         ...
 
-    def run(self, spec: Any, stack: StackConfig) -> int:
+    def run(self, spec: Any, stack: StackConfig, options: RunOptions) -> int:
         """Run a pipeline definition in this process; the exit code."""
         ...
 
@@ -64,14 +66,19 @@ def load_engine(name: str) -> BatchEngine:
     return engine
 
 
-def run_main(spec: Any, engine: str = "spark") -> None:
+def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None) -> None:
     """Entry of a pipeline file: ``if __name__ == "__main__": run_main(my_pipeline())``.
 
     Works under ``spark-submit`` (the session keeps spark-submit's settings) and under ``flow
-    run``. Exits with the engine's exit code.
+    run``; ``argv`` (default: the command line) chooses stages and run mode for a
+    :class:`~flow.pipeline.Pipeline`. Exits with the engine's exit code.
     """
     try:
-        code = load_engine(engine).run(spec, StackConfig.from_env())
+        options = RunOptions()
+        if isinstance(spec, Pipeline):
+            args = sys.argv[1:] if argv is None else argv
+            options = parse_run_args(args, [s.name for s in spec.stages])
+        code = load_engine(engine).run(spec, StackConfig.from_env(), options)
     except FlowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = 1

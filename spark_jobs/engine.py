@@ -8,6 +8,8 @@ from typing import Any
 from flow.config import StackConfig
 from flow.engine import Launch
 from flow.errors import ConfigError
+from flow.pipeline.model import Pipeline
+from flow.pipeline.run import RunOptions
 from flow.smoke import SmokeCheck
 from spark_jobs import submit
 
@@ -23,11 +25,16 @@ class SparkEngine:
     def submit_command(self, argv: Sequence[str], stack: StackConfig) -> Launch:
         return submit.submit_command(argv, stack)
 
-    def run(self, spec: Any, stack: StackConfig) -> int:
+    def run(self, spec: Any, stack: StackConfig, options: RunOptions) -> int:
+        if isinstance(spec, Pipeline):
+            from spark_jobs.runner import run_pipeline
+
+            reports = run_pipeline(spec, stack, options)
+            return 0 if all(r.reconciled for r in reports) else 1
         if isinstance(spec, SmokeCheck):
             from spark_jobs.smoke import run_smoke
 
             return 0 if run_smoke(spec, stack).reconciled else 1
         raise ConfigError(
-            f"the spark engine cannot run a {type(spec).__name__}; it runs: SmokeCheck"
+            f"the spark engine cannot run a {type(spec).__name__}; it runs Pipeline and SmokeCheck"
         )

@@ -24,12 +24,12 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from flow.catalog import open_catalog
 from flow.config import StackConfig
+from flow.console import console as make_console
 from flow.errors import ServiceError
 from flow.kafka import ensure_topics, producer
 from flow.smoke import SmokeCheck
@@ -39,7 +39,7 @@ from spark_jobs.sources import read_kafka
 
 __all__ = ["SmokeReport", "run_smoke"]
 
-console = Console(stderr=True)
+console = make_console()
 
 EVENT_SCHEMA = T.StructType(
     [

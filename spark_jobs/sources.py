@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from flow.config import KafkaConfig
+from flow.config import KafkaConfig, StackConfig
+from flow.errors import ConfigError
+from flow.pipeline.schema import Field
+from flow.pipeline.sources import IcebergSource, TableSource
+from spark_jobs.validate import SPARK_TYPES
 
-__all__ = ["read_kafka"]
+__all__ = ["TableRead", "read_kafka", "read_table"]
 
 
 def read_kafka(
@@ -33,3 +40,96 @@ def read_kafka(
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
     return reader.load()
+
+
+@dataclass(frozen=True)
+class TableRead:
+    """A table source read, with what it read (for lineage and incremental reads)."""
+
+    df: DataFrame
+    table: str
+    snapshot_id: int | None = None
+    """Iceberg: the snapshot read (the newest one, for an incremental read)."""
+    since_snapshot: int | None = None
+    version: int | None = None
+    """Delta: the table version read."""
+
+
+def _check_columns(df: DataFrame, fields: tuple[Field, ...], table: str) -> None:
+    actual = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    missing = [f.name for f in fields if f.name not in actual]
+    if missing:
+        raise ConfigError(
+            f"table {table} has no column(s) {', '.join(missing)}; its columns: "
+            f"{', '.join(sorted(actual))}"
+        )
+    for f in fields:
+        wanted = SPARK_TYPES[f.type]
+        if actual[f.name] != wanted:
+            raise ConfigError(
+                f"table {table}: column {f.name!r} is {actual[f.name]}, declared {f.type}; "
+                "change the Field's type to match the table"
+            )
+
+
+def _event_range(df: DataFrame, source: TableSource) -> DataFrame:
+    if source.event_time is None:
+        return df
+    column = F.col(source.event_time)
+    if source.start is not None:
+        df = df.where(column >= F.lit(source.start))
+    if source.end is not None:
+        df = df.where(column < F.lit(source.end))
+    return df
+
+
+def _latest_snapshot(spark: SparkSession, name: str) -> int | None:
+    row = spark.sql(
+        f"SELECT snapshot_id FROM {name}.snapshots ORDER BY committed_at DESC LIMIT 1"
+    ).first()
+    return int(row[0]) if row else None
+
+
+def read_table(spark: SparkSession, stack: StackConfig, source: TableSource) -> TableRead:
+    """The declared columns of a table source, as of the snapshot or version it asks for."""
+    if isinstance(source, IcebergSource):
+        name = f"{stack.catalog.name}.{source.table}"
+        if not spark.catalog.tableExists(name):
+            raise ConfigError(
+                f"Iceberg table {source.table} does not exist in catalog {stack.catalog.name}; "
+                "create it (e.g. `flow generate history`) or fix IcebergSource.table"
+            )
+        spark.catalog.refreshTable(name)
+        reader = spark.read.format("iceberg")
+        snapshot = source.snapshot_id
+        if source.snapshot_id is not None:
+            reader = reader.option("snapshot-id", str(source.snapshot_id))
+        elif source.as_of is not None:
+            reader = reader.option("as-of-timestamp", str(int(source.as_of.timestamp() * 1000)))
+        elif source.since_snapshot is not None:
+            reader = reader.option("start-snapshot-id", str(source.since_snapshot))
+        df = reader.load(name)
+        if snapshot is None:
+            snapshot = _latest_snapshot(spark, name)
+        _check_columns(df, source.columns, source.table)
+        df = _event_range(df.select(*[f.name for f in source.columns]), source)
+        return TableRead(df, source.table, snapshot, source.since_snapshot)
+
+    path = (
+        source.path
+        if "://" in source.path or source.path.startswith("/")
+        else str(stack.lake / source.path)
+    )
+    reader = spark.read.format("delta")
+    if source.version is not None:
+        reader = reader.option("versionAsOf", str(source.version))
+    elif source.timestamp is not None:
+        reader = reader.option("timestampAsOf", source.timestamp.isoformat())
+    df = reader.load(path)
+    _check_columns(df, source.columns, path)
+    version = source.version
+    if version is None:
+        latest = DeltaTable.forPath(spark, path).history(1).select("version").first()
+        version = int(latest[0]) if latest else None
+    df = _event_range(df.select(*[f.name for f in source.columns]), source)
+    return TableRead(df, path, version=version)

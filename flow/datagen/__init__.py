@@ -1,0 +1,1 @@
+"""Synthetic data for Primus Flow (CTR: users, items, impressions, clicks)."""

@@ -1,0 +1,270 @@
+"""Writing generated CTR data into the stack: Iceberg tables and Kafka topics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+
+from flow.catalog import open_catalog
+from flow.config import StackConfig
+from flow.datagen.ctr import (
+    CATEGORIES,
+    CLICKS_SCHEMA,
+    COUNTRIES,
+    IMPRESSIONS_SCHEMA,
+    StreamPlan,
+    World,
+    encode_stream,
+    pace,
+    simulate,
+)
+from flow.errors import ConfigError, ServiceError
+from flow.kafka import ensure_topics, producer
+
+__all__ = [
+    "HistoryReport",
+    "StreamReport",
+    "produce_stream",
+    "topics",
+    "update_users",
+    "write_history",
+]
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def topics(namespace: str) -> dict[str, str]:
+    """The Kafka topic of each event kind."""
+    return {"impressions": f"{namespace}.impressions", "clicks": f"{namespace}.clicks"}
+
+
+def _replace(catalog: Catalog, name: str, data: pa.Table) -> Table:
+    if catalog.table_exists(name):
+        catalog.drop_table(name)
+    table = catalog.create_table(name, schema=data.schema)
+    table.append(data)
+    return table
+
+
+def _table(catalog: Catalog, name: str, schema: pa.Schema, append: bool) -> Table:
+    if catalog.table_exists(name):
+        if append:
+            return catalog.load_table(name)
+        catalog.drop_table(name)
+    return catalog.create_table(name, schema=schema)
+
+
+@dataclass
+class HistoryReport:
+    """What ``write_history`` wrote."""
+
+    users: int = 0
+    items: int = 0
+    impressions: int = 0
+    clicks: int = 0
+    late_clicks: int = 0
+    start: datetime | None = None
+    end: datetime | None = None
+    snapshots: dict[str, int] = field(default_factory=dict)
+
+
+def write_history(
+    stack: StackConfig,
+    world: World,
+    *,
+    namespace: str = "ctr",
+    days: int = 7,
+    per_day: int = 50_000,
+    end: datetime | None = None,
+    append: bool = False,
+    progress: Progress = _quiet,
+) -> HistoryReport:
+    """Users and items, and ``days`` of impression and click history ending at ``end``.
+
+    Each day is one Iceberg snapshot, so incremental reads see history arrive a day at a time.
+    ``append`` adds days to existing history (and keeps the dimensions) instead of replacing it.
+    """
+    if days < 1 or per_day < 1:
+        raise ConfigError(f"days={days} and per_day={per_day} must both be at least 1")
+    catalog = open_catalog(stack.catalog)
+    catalog.create_namespace_if_not_exists(namespace)
+    report = HistoryReport()
+    users_name, items_name = f"{namespace}.users", f"{namespace}.items"
+    if append and catalog.table_exists(users_name) and catalog.table_exists(items_name):
+        users = catalog.load_table(users_name).scan().to_arrow()
+        items = catalog.load_table(items_name).scan().to_arrow()
+    else:
+        users, items = world.users_table(), world.items_table()
+        _replace(catalog, users_name, users)
+        _replace(catalog, items_name, items)
+        progress(f"dimensions: {len(users):,} users, {len(items):,} items")
+    report.users, report.items = len(users), len(items)
+
+    imp_table = _table(catalog, f"{namespace}.impressions_history", IMPRESSIONS_SCHEMA, append)
+    click_table = _table(catalog, f"{namespace}.clicks_history", CLICKS_SCHEMA, append)
+    end = (end or datetime.now(UTC)).replace(minute=0, second=0, microsecond=0)
+    first_day = len(imp_table.snapshots()) if append else 0
+    for day in range(days):
+        day_start = end - timedelta(days=days - day)
+        events = simulate(
+            users,
+            items,
+            count=per_day,
+            start=day_start,
+            span=timedelta(days=1),
+            seed=world.seed * 100_000 + first_day + day,
+            zipf=world.zipf,
+            id_prefix=f"h{first_day + day}",
+        )
+        imp_table.append(events.impressions)
+        click_table.append(events.clicks)
+        report.impressions += len(events.impressions)
+        report.clicks += len(events.clicks)
+        report.late_clicks += events.late_clicks
+        report.start = report.start or day_start
+        progress(
+            f"history day {day + 1}/{days}: {per_day:,} impressions, {len(events.clicks):,} clicks"
+        )
+    report.end = end
+    for name, table in (("impressions_history", imp_table), ("clicks_history", click_table)):
+        snapshot = table.current_snapshot()
+        report.snapshots[name] = snapshot.snapshot_id if snapshot else 0
+    return report
+
+
+@dataclass
+class StreamReport:
+    """What ``produce_stream`` sent."""
+
+    impressions: int = 0
+    clicks: int = 0
+    malformed: Counter[str] = field(default_factory=Counter)
+    late_clicks: int = 0
+    first_ts: datetime | None = None
+    last_ts: datetime | None = None
+    seconds: float = 0.0
+
+    @property
+    def valid_impressions(self) -> int:
+        return self.impressions - sum(self.malformed.values())
+
+
+def produce_stream(
+    stack: StackConfig,
+    *,
+    namespace: str = "ctr",
+    count: int = 10_000,
+    rate: float = 0.0,
+    malformed_share: float = 0.0,
+    start: datetime | None = None,
+    span: timedelta | None = None,
+    seed: int = 11,
+    max_payload_bytes: int = 64 * 1024,
+    progress: Progress = _quiet,
+) -> StreamReport:
+    """Produce ``count`` impressions (and their clicks) to the namespace's topics.
+
+    ``rate``: records per second (0: as fast as Kafka takes them). Event times run from
+    ``start`` (default now) over ``span`` (default: what ``rate`` implies, else 10 ms per
+    impression), so a paced stream's event times track the wall clock.
+    """
+    if not 0 <= malformed_share < 1:
+        raise ConfigError(f"malformed_share={malformed_share} must be in [0, 1)")
+    catalog = open_catalog(stack.catalog)
+    try:
+        users = catalog.load_table(f"{namespace}.users").scan().to_arrow()
+        items = catalog.load_table(f"{namespace}.items").scan().to_arrow()
+    except Exception as exc:  # pyiceberg raises NoSuchTableError, NoSuchNamespaceError, ...
+        raise ConfigError(
+            f"no {namespace}.users / {namespace}.items tables to draw events from ({exc}); run "
+            "`flow generate history` first"
+        ) from exc
+    start = start or datetime.now(UTC)
+    span = span or timedelta(seconds=count / rate if rate > 0 else count * 0.01)
+    events = simulate(
+        users, items, count=count, start=start, span=span, seed=seed, id_prefix=f"s{seed}"
+    )
+    names = topics(namespace)
+    ensure_topics(stack.kafka, names.values(), partitions=2)
+    out = producer(stack.kafka)
+    failures: list[str] = []
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    plan = StreamPlan()
+    wait = pace(rate)
+    begun = datetime.now(UTC)
+    records = encode_stream(
+        events,
+        malformed_share=malformed_share,
+        max_payload_bytes=max_payload_bytes,
+        seed=seed,
+        plan=plan,
+    )
+    for sent, (kind, key, payload, _event_time) in enumerate(records, start=1):
+        # The Kafka timestamp is the send time, as real producers set it; the event time is in
+        # the payload. (Kafka 4 also refuses timestamps more than an hour ahead, which a
+        # simulated late click can be.)
+        out.produce(names[kind], key=key.encode(), value=payload, on_delivery=delivered)
+        out.poll(0)
+        wait(sent)
+        if sent % 50_000 == 0:
+            progress(f"stream: {sent:,} records sent")
+    remaining = out.flush(60)
+    if remaining or failures:
+        raise ServiceError(
+            f"Kafka did not acknowledge {remaining + len(failures)} records ({failures[:3]}); "
+            "check `flow services status`"
+        )
+    return StreamReport(
+        impressions=plan.produced["impressions"],
+        clicks=plan.produced["clicks"],
+        malformed=plan.malformed,
+        late_clicks=events.late_clicks,
+        first_ts=plan.first_ts,
+        last_ts=plan.last_ts,
+        seconds=(datetime.now(UTC) - begun).total_seconds(),
+    )
+
+
+def update_users(
+    stack: StackConfig, *, namespace: str = "ctr", share: float = 0.1, seed: int = 13
+) -> int:
+    """Change the country and favourite category of a ``share`` of users (a new snapshot).
+
+    Returns how many users changed. A running stream's enrichment must see the new values.
+    """
+    if not 0 < share <= 1:
+        raise ConfigError(f"share={share} must be in (0, 1]")
+    catalog = open_catalog(stack.catalog)
+    table = catalog.load_table(f"{namespace}.users")
+    users = table.scan().to_arrow()
+    rng = np.random.default_rng([seed, 5])
+    changed = rng.random(len(users)) < share
+    countries = users.column("country").to_pylist()
+    favorites = users.column("favorite_category").to_pylist()
+    for k in np.flatnonzero(changed):
+        countries[k] = str(rng.choice(COUNTRIES))
+        favorites[k] = str(rng.choice(CATEGORIES))
+    updated = users.set_column(
+        users.schema.get_field_index("country"), "country", pa.array(countries, pa.string())
+    ).set_column(
+        users.schema.get_field_index("favorite_category"),
+        "favorite_category",
+        pa.array(favorites, pa.string()),
+    )
+    table.overwrite(updated)
+    return int(changed.sum())

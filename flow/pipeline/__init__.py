@@ -1,0 +1,48 @@
+"""Pipeline definitions: sources, joins, features and stages, validated when built.
+
+    from flow.pipeline import Field, KafkaSource, IcebergSource, LiveStage, Pipeline, ...
+
+A definition is plain data; ``spark_jobs`` runs it (``flow run pipelines/x.py``).
+"""
+
+from flow.pipeline.features import (
+    Bucketized,
+    Cross,
+    Feature,
+    FeatureSpec,
+    Hashed,
+    Numeric,
+    Sequence,
+    Vocabulary,
+)
+from flow.pipeline.model import BackfillStage, Enrich, LabelJoin, LiveStage, Pipeline, Stage
+from flow.pipeline.run import RunOptions
+from flow.pipeline.schema import Field
+from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
+from flow.pipeline.state import FeatureState, Layout, layout
+
+__all__ = [
+    "BackfillStage",
+    "Bucketized",
+    "Cross",
+    "DeltaSource",
+    "Enrich",
+    "Feature",
+    "FeatureSpec",
+    "FeatureState",
+    "Field",
+    "Hashed",
+    "IcebergSource",
+    "KafkaSource",
+    "LabelJoin",
+    "Layout",
+    "LiveStage",
+    "Numeric",
+    "Pipeline",
+    "RunOptions",
+    "Sequence",
+    "Source",
+    "Stage",
+    "Vocabulary",
+    "layout",
+]

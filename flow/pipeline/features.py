@@ -1,0 +1,251 @@
+"""The feature spec: what each training row holds, declared once for batch, stream and trainer.
+
+Every categorical feature maps to an index in ``[0, cardinality)`` with 0 reserved for null,
+out-of-vocabulary and padding, so the trainer can size embedding tables from the spec alone.
+Numeric features become one float each in the dense block. Stateful transforms (vocabularies,
+means and deviations, quantile boundaries) are fitted on a batch stage and saved as a versioned
+:class:`~flow.pipeline.state.FeatureState`; the streaming stage and the trainer reuse it unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import ClassVar, Literal
+
+from flow.errors import ConfigError
+from flow.pipeline.schema import check_identifier
+
+__all__ = [
+    "Bucketized",
+    "Cross",
+    "Feature",
+    "FeatureSpec",
+    "Hashed",
+    "Numeric",
+    "Sequence",
+    "Vocabulary",
+]
+
+Kind = Literal["dense", "sparse", "sequence"]
+MAX_VOCABULARY = 100_000
+
+
+def _buckets(buckets: int, owner: str) -> None:
+    if not 2 <= buckets <= 2**31 - 1:
+        raise ConfigError(f"{owner}: buckets={buckets} must be in 2..2^31-1")
+
+
+@dataclass(frozen=True)
+class Hashed:
+    """A categorical column hashed into ``buckets`` indices (index 0: null)."""
+
+    column: str
+    buckets: int
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        _buckets(self.buckets, f"Hashed({self.column!r})")
+
+    kind: ClassVar[Kind] = "sparse"
+    fitted: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A categorical column looked up in a vocabulary fitted on the batch stage.
+
+    Values seen at least ``min_frequency`` times, most frequent first, up to ``max_size``, get
+    indices 1..n; everything else (and null) is the out-of-vocabulary index 0.
+    """
+
+    column: str
+    min_frequency: int = 1
+    max_size: int = 10_000
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        owner = f"Vocabulary({self.column!r})"
+        if self.min_frequency < 1:
+            raise ConfigError(f"{owner}: min_frequency={self.min_frequency} must be at least 1")
+        if not 1 <= self.max_size <= MAX_VOCABULARY:
+            raise ConfigError(
+                f"{owner}: max_size={self.max_size} must be in 1..{MAX_VOCABULARY}; use Hashed "
+                "for high-cardinality columns such as ids"
+            )
+
+    kind: ClassVar[Kind] = "sparse"
+    fitted: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class Numeric:
+    """A number for the dense block: clipped, then log1p, then null-filled and standardized.
+
+    ``fill`` replaces nulls; left None, nulls become the fitted mean (0 after standardizing).
+    """
+
+    column: str
+    clip: tuple[float, float] | None = None
+    log: bool = False
+    standardize: bool = True
+    fill: float | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.clip is not None and self.clip[0] >= self.clip[1]:
+            raise ConfigError(f"Numeric({self.column!r}): clip={self.clip} needs low < high")
+
+    kind: ClassVar[Kind] = "dense"
+
+    @property
+    def fitted(self) -> bool:
+        return self.standardize or self.fill is None
+
+
+@dataclass(frozen=True)
+class Bucketized:
+    """A number cut at quantiles fitted on the batch stage: index 1..buckets, 0 for null."""
+
+    column: str
+    buckets: int
+    clip: tuple[float, float] | None = None
+    log: bool = False
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.buckets <= 1000:
+            raise ConfigError(f"Bucketized({self.column!r}): buckets={self.buckets} not in 2..1000")
+        if self.clip is not None and self.clip[0] >= self.clip[1]:
+            raise ConfigError(f"Bucketized({self.column!r}): clip={self.clip} needs low < high")
+
+    kind: ClassVar[Kind] = "sparse"
+    fitted: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class Cross:
+    """Two or more categorical columns crossed and hashed into ``buckets`` indices."""
+
+    columns: tuple[str, ...]
+    buckets: int
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.columns) < 2:
+            raise ConfigError(f"Cross{self.columns}: cross at least two columns")
+        _buckets(self.buckets, f"Cross{self.columns}")
+
+    kind: ClassVar[Kind] = "sparse"
+    fitted: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """A multi-valued column: up to ``max_length`` values hashed into ``buckets``, 0-padded."""
+
+    column: str
+    max_length: int
+    buckets: int
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_length <= 4096:
+            raise ConfigError(
+                f"Sequence({self.column!r}): max_length={self.max_length} not in 1..4096"
+            )
+        _buckets(self.buckets, f"Sequence({self.column!r})")
+
+    kind: ClassVar[Kind] = "sequence"
+    fitted: ClassVar[bool] = False
+
+
+Feature = Hashed | Vocabulary | Numeric | Bucketized | Cross | Sequence
+
+
+def feature_name(feature: Feature) -> str:
+    if feature.name:
+        return feature.name
+    if isinstance(feature, Cross):
+        return "_x_".join(feature.columns)
+    return feature.column
+
+
+def feature_inputs(feature: Feature) -> tuple[str, ...]:
+    return feature.columns if isinstance(feature, Cross) else (feature.column,)
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """The features of a training row, its label and its weight."""
+
+    name: str
+    """Names the fitted state; the batch and the streaming stage of a pipeline share it."""
+    features: tuple[Feature, ...]
+    label: str = "label"
+    """The column holding the label (0/1 for CTR; the label join writes ``label``)."""
+    weight: str | float = 1.0
+    """A numeric column, or one weight for every row."""
+    passthrough: tuple[str, ...] = ()
+    """Columns copied unchanged into training rows (event time, ids for debugging)."""
+
+    def __post_init__(self) -> None:
+        check_identifier(self.name, "FeatureSpec.name")
+        if not self.features:
+            raise ConfigError(f"FeatureSpec {self.name!r} has no features")
+        names = [feature_name(f) for f in self.features]
+        for name in names:
+            check_identifier(name, "feature name")
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(
+                f"FeatureSpec {self.name!r}: feature name(s) {', '.join(duplicates)} used twice; "
+                "give one of them name=..."
+            )
+        if isinstance(self.weight, float | int) and self.weight <= 0:
+            raise ConfigError(f"FeatureSpec {self.name!r}: weight={self.weight} must be positive")
+        reserved = {"label", "weight", "dense", "sparse"} | {f"seq_{n}" for n in names}
+        clash = sorted(set(self.passthrough) & reserved - {self.label})
+        if clash:
+            raise ConfigError(
+                f"FeatureSpec {self.name!r}: passthrough column(s) {', '.join(clash)} clash with "
+                "the training row's own columns"
+            )
+
+    def names(self) -> list[str]:
+        return [feature_name(f) for f in self.features]
+
+    def of_kind(self, kind: Kind) -> list[Feature]:
+        return [f for f in self.features if f.kind == kind]
+
+    def inputs(self) -> list[str]:
+        """Every column the spec reads, in first-use order."""
+        columns: list[str] = []
+        for feature in self.features:
+            columns.extend(feature_inputs(feature))
+        columns.append(self.label)
+        if isinstance(self.weight, str):
+            columns.append(self.weight)
+        columns.extend(self.passthrough)
+        return list(dict.fromkeys(columns))
+
+    @property
+    def needs_fit(self) -> bool:
+        return any(f.fitted for f in self.features)
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever anything in the spec does; a fitted state belongs to one."""
+        canonical = json.dumps(
+            {
+                "name": self.name,
+                "features": [[type(f).__name__, asdict(f)] for f in self.features],
+                "label": self.label,
+                "weight": self.weight,
+                "passthrough": list(self.passthrough),
+            },
+            sort_keys=True,
+            default=list,
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]

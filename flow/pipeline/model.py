@@ -1,0 +1,259 @@
+"""A pipeline: sources, and stages that join and featurize them into a channel of training rows.
+
+Everything is checked when the :class:`Pipeline` is built, before any engine starts: a stage that
+names an unknown source, a join key one side lacks, a feature that reads a column no source or
+join provides, two stages writing one channel. Each error names what is wrong and what exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from flow.errors import ConfigError
+from flow.pipeline.features import (
+    Bucketized,
+    FeatureSpec,
+    Numeric,
+    Sequence,
+    feature_inputs,
+    feature_name,
+)
+from flow.pipeline.schema import Field, check_identifier, check_interval
+from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
+
+__all__ = ["BackfillStage", "Enrich", "LabelJoin", "LiveStage", "Pipeline", "Stage"]
+
+
+@dataclass(frozen=True)
+class LabelJoin:
+    """Label each event by whether a matching event of ``source`` follows within ``window``.
+
+    An event with a match at event time in ``[t, t + window]`` gets ``label`` 1; one with none by
+    the time the window has passed (the watermark, in a stream) gets 0. Duplicate matches count
+    once. ``label_time`` holds the first match's time (null for negatives).
+    """
+
+    source: str
+    key: str
+    window: str = "30 minutes"
+    label: str = "label"
+    label_time: str = "label_time"
+
+    def __post_init__(self) -> None:
+        check_identifier(self.key, "LabelJoin.key")
+        check_identifier(self.label, "LabelJoin.label")
+        check_identifier(self.label_time, "LabelJoin.label_time")
+        check_interval(self.window, "LabelJoin.window")
+
+
+@dataclass(frozen=True)
+class Enrich:
+    """Add ``columns`` of the dimension table ``source`` to each event, matched ``on`` a key.
+
+    In a stream the table is read again every micro-batch, so updates to it are seen while the
+    stream runs. Columns arrive as ``prefix + column``.
+    """
+
+    source: str
+    on: str
+    columns: tuple[str, ...]
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        check_identifier(self.on, "Enrich.on")
+        if not self.columns:
+            raise ConfigError(f"Enrich({self.source!r}) takes no columns; list the ones to add")
+
+
+@dataclass(frozen=True)
+class BackfillStage:
+    """A batch stage over table history; with ``fit`` it also fits the feature state."""
+
+    name: str
+    events: str
+    features: FeatureSpec
+    channel: str
+    label: LabelJoin | None = None
+    enrich: tuple[Enrich, ...] = ()
+    fit: bool = True
+
+    streaming = False
+
+
+@dataclass(frozen=True)
+class LiveStage:
+    """A Structured Streaming stage over Kafka, featurized with a fitted state."""
+
+    name: str
+    events: str
+    features: FeatureSpec
+    channel: str
+    label: LabelJoin | None = None
+    enrich: tuple[Enrich, ...] = ()
+    trigger: str = "10 seconds"
+    """Micro-batch interval when running continuously."""
+
+    streaming = True
+
+
+Stage = BackfillStage | LiveStage
+
+
+def _names(mapping: Mapping[str, object]) -> str:
+    return ", ".join(sorted(mapping)) or "none"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Sources and the stages that turn them into training rows."""
+
+    name: str
+    namespace: str
+    """Iceberg namespace of the pipeline's own tables (dead letters, training rows)."""
+    sources: Mapping[str, Source]
+    stages: tuple[Stage, ...]
+    columns: dict[str, dict[str, Field]] = field(init=False, repr=False, compare=False)
+    """Per stage: the columns available to its features (filled in by validation)."""
+
+    def __post_init__(self) -> None:
+        check_identifier(self.name, "Pipeline.name")
+        check_identifier(self.namespace, "Pipeline.namespace")
+        if not self.stages:
+            raise ConfigError(f"pipeline {self.name!r} has no stages")
+        for source in self.sources:
+            check_identifier(source, "source name")
+        seen: set[str] = set()
+        channels: dict[str, str] = {}
+        columns = {}
+        for stage in self.stages:
+            check_identifier(stage.name, "stage name")
+            check_identifier(stage.channel, f"stage {stage.name!r} channel")
+            if stage.name in seen:
+                raise ConfigError(f"pipeline {self.name!r}: two stages are named {stage.name!r}")
+            seen.add(stage.name)
+            if stage.channel in channels:
+                raise ConfigError(
+                    f"stages {channels[stage.channel]!r} and {stage.name!r} both write channel "
+                    f"{stage.channel!r}; give each stage its own channel"
+                )
+            channels[stage.channel] = stage.name
+            columns[stage.name] = self._check_stage(stage)
+        object.__setattr__(self, "columns", columns)
+
+    def stage(self, name: str) -> Stage:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise ConfigError(
+            f"pipeline {self.name!r} has no stage {name!r}; stages: "
+            f"{', '.join(s.name for s in self.stages)}"
+        )
+
+    def source(self, name: str, *, used_by: str) -> Source:
+        try:
+            return self.sources[name]
+        except KeyError:
+            raise ConfigError(
+                f"{used_by} names source {name!r}, which the pipeline does not define; "
+                f"sources: {_names(self.sources)}"
+            ) from None
+
+    def _check_stage(self, stage: Stage) -> dict[str, Field]:
+        where = f"stage {stage.name!r}"
+        events = self.source(stage.events, used_by=f"{where} (events)")
+        if stage.streaming and not isinstance(events, KafkaSource):
+            raise ConfigError(f"{where} is a LiveStage: its events must be a KafkaSource")
+        if not stage.streaming and isinstance(events, KafkaSource):
+            raise ConfigError(
+                f"{where} is a BackfillStage: its events must be an Iceberg or Delta table"
+            )
+        available: dict[str, Field] = {f.name: f for f in events.fields}
+        origin = dict.fromkeys(available, stage.events)
+
+        if stage.label is not None:
+            label = stage.label
+            other = self.source(label.source, used_by=f"{where} (label join)")
+            if isinstance(other, KafkaSource) != isinstance(events, KafkaSource):
+                raise ConfigError(
+                    f"{where}: the label join's source {label.source!r} must be a Kafka topic "
+                    "for a stream and a table for a batch, like the events"
+                )
+            for side, source_name, fields in (
+                ("events", stage.events, available),
+                ("label source", label.source, {f.name: f for f in other.fields}),
+            ):
+                if label.key not in fields:
+                    raise ConfigError(
+                        f"{where}: label join key {label.key!r} is not a column of the {side} "
+                        f"{source_name!r}; its columns: {_names(fields)}"
+                    )
+            if other.event_time is None or events.event_time is None:
+                raise ConfigError(f"{where}: a label join needs event_time on both sources")
+            for new in (Field(label.label, "double"), Field(label.label_time, "timestamp")):
+                self._add(available, origin, new, "the label join", where)
+
+        for enrich in stage.enrich:
+            dim = self.source(enrich.source, used_by=f"{where} (enrich)")
+            if not isinstance(dim, IcebergSource | DeltaSource):
+                raise ConfigError(f"{where}: enrich source {enrich.source!r} must be a table")
+            dim_fields = {f.name: f for f in dim.fields}
+            if enrich.on not in available:
+                raise ConfigError(
+                    f"{where}: enrich key {enrich.on!r} is not available from the events; "
+                    f"available: {_names(available)}"
+                )
+            for column in (enrich.on, *enrich.columns):
+                if column not in dim_fields:
+                    raise ConfigError(
+                        f"{where}: enrich source {enrich.source!r} has no column {column!r}; its "
+                        f"columns: {_names(dim_fields)}"
+                    )
+            for column in enrich.columns:
+                added = Field(enrich.prefix + column, dim_fields[column].type)
+                self._add(available, origin, added, f"enrich {enrich.source!r}", where)
+
+        self._check_features(stage.features, available, where)
+        return available
+
+    @staticmethod
+    def _add(
+        available: dict[str, Field], origin: dict[str, str], new: Field, by: str, where: str
+    ) -> None:
+        if new.name in available:
+            raise ConfigError(
+                f"{where}: {by} adds column {new.name!r}, which {origin[new.name]!r} already has; "
+                "set a prefix (Enrich) or another name (LabelJoin.label)"
+            )
+        available[new.name] = new
+        origin[new.name] = by
+
+    @staticmethod
+    def _check_features(spec: FeatureSpec, available: dict[str, Field], where: str) -> None:
+        def need(column: str, user: str) -> Field:
+            if column not in available:
+                raise ConfigError(
+                    f"{where}: {user} reads column {column!r}, which does not exist here; "
+                    f"available: {_names(available)}"
+                )
+            return available[column]
+
+        for feature in spec.features:
+            user = f"feature {feature_name(feature)!r}"
+            for column in feature_inputs(feature):
+                found = need(column, user)
+                if isinstance(feature, Numeric | Bucketized) and not found.numeric:
+                    raise ConfigError(f"{where}: {user} needs a number; {column!r} is {found.type}")
+                if isinstance(feature, Sequence) and not found.is_array:
+                    raise ConfigError(f"{where}: {user} needs an array; {column!r} is {found.type}")
+                if not isinstance(feature, Sequence) and found.is_array:
+                    raise ConfigError(
+                        f"{where}: {user} reads array column {column!r}; use Sequence for it"
+                    )
+        label = need(spec.label, "the label")
+        if not label.numeric:
+            raise ConfigError(f"{where}: the label {spec.label!r} is {label.type}, not a number")
+        if isinstance(spec.weight, str) and not need(spec.weight, "the weight").numeric:
+            raise ConfigError(f"{where}: the weight {spec.weight!r} is not a number")
+        for column in spec.passthrough:
+            need(column, "passthrough")

@@ -1,0 +1,78 @@
+"""Small files on local disk or object storage, through ``pyarrow.fs``.
+
+A location is a local path or a URI pyarrow understands (``file://``, ``s3://``, ``gs://``,
+``hdfs://``). Writes go to a temporary name and are renamed into place, so a reader never sees a
+half-written file (on object stores a single PUT is already atomic).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from pyarrow import fs as pafs
+
+__all__ = ["Location", "location"]
+
+
+class Location:
+    """A folder on some filesystem."""
+
+    def __init__(self, filesystem: pafs.FileSystem, path: str, uri: str) -> None:
+        self.fs = filesystem
+        self.path = path.rstrip("/")
+        self.uri = uri.rstrip("/")
+
+    def child(self, *parts: str) -> Location:
+        suffix = "/".join(parts)
+        return Location(self.fs, f"{self.path}/{suffix}", f"{self.uri}/{suffix}")
+
+    def _local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def write_bytes(self, name: str, data: bytes) -> str:
+        """Write ``name`` in this folder atomically; returns its path."""
+        self.fs.create_dir(self.path, recursive=True)
+        target = f"{self.path}/{name}"
+        if not self._local():
+            with self.fs.open_output_stream(target) as out:
+                out.write(data)
+            return target
+        temporary = f"{self.path}/.{name}.{uuid.uuid4().hex}.tmp"
+        with self.fs.open_output_stream(temporary) as out:
+            out.write(data)
+        self.fs.move(temporary, target)
+        return target
+
+    def read_bytes(self, name: str) -> bytes:
+        with self.fs.open_input_stream(f"{self.path}/{name}") as src:
+            return bytes(src.read())
+
+    def exists(self, name: str = "") -> bool:
+        path = f"{self.path}/{name}" if name else self.path
+        return bool(self.fs.get_file_info(path).type != pafs.FileType.NotFound)
+
+    def list(self, suffix: str = "") -> list[str]:
+        """Names of the files in this folder ending with ``suffix``, sorted; [] if none."""
+        if not self.exists():
+            return []
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=False))
+        return sorted(
+            i.base_name
+            for i in infos
+            if i.type == pafs.FileType.File
+            and i.base_name.endswith(suffix)
+            and not i.base_name.startswith(".")
+        )
+
+    def __str__(self) -> str:
+        return self.uri
+
+
+def location(uri_or_path: str) -> Location:
+    """The folder at ``uri_or_path`` (a local path or a filesystem URI)."""
+    if "://" not in uri_or_path:
+        path = str(Path(uri_or_path).expanduser().resolve())
+        return Location(pafs.LocalFileSystem(), path, path)
+    filesystem, path = pafs.FileSystem.from_uri(uri_or_path)
+    return Location(filesystem, path, uri_or_path)

@@ -1,0 +1,49 @@
+"""CTR backfill: impression and click history in Iceberg -> training rows; fits the features.
+
+flow generate history                        # synthetic history, if there is none
+flow run pipelines/ctr_backfill.py
+spark-submit $(flow spark-args) pipelines/ctr_backfill.py
+"""
+
+from __future__ import annotations
+
+from flow.engine import run_main
+from flow.pipeline import BackfillStage, IcebergSource, Pipeline
+from pipelines.ctr import (
+    CLICK_FIELDS,
+    IMPRESSION_FIELDS,
+    NAMESPACE,
+    ctr_features,
+    dimensions,
+    enrichment,
+    label_join,
+)
+
+
+def ctr_backfill() -> Pipeline:
+    return Pipeline(
+        name="ctr_backfill",
+        namespace=NAMESPACE,
+        sources={
+            "impressions": IcebergSource(
+                f"{NAMESPACE}.impressions_history", IMPRESSION_FIELDS, event_time="ts"
+            ),
+            "clicks": IcebergSource(f"{NAMESPACE}.clicks_history", CLICK_FIELDS, event_time="ts"),
+            **dimensions(),
+        },
+        stages=(
+            BackfillStage(
+                name="backfill",
+                events="impressions",
+                label=label_join(),
+                enrich=enrichment(),
+                features=ctr_features(),
+                channel="backfill",
+                fit=True,
+            ),
+        ),
+    )
+
+
+if __name__ == "__main__":
+    run_main(ctr_backfill())

@@ -1,0 +1,56 @@
+"""CTR streaming: Kafka impressions and clicks, enriched from Iceberg users and items.
+
+Needs the feature state the backfill fitted (run pipelines/ctr_backfill.py first).
+
+    flow generate stream --count 20000          # synthetic events, malformed ones included
+    flow run pipelines/ctr_streaming.py          # process what has arrived, then stop
+    flow run pipelines/ctr_streaming.py --continuous --duration 120
+"""
+
+from __future__ import annotations
+
+from flow.engine import run_main
+from flow.pipeline import KafkaSource, LiveStage, Pipeline
+from pipelines.ctr import (
+    CLICK_FIELDS,
+    IMPRESSION_FIELDS,
+    NAMESPACE,
+    ctr_features,
+    dimensions,
+    enrichment,
+    label_join,
+)
+
+
+def ctr_streaming() -> Pipeline:
+    return Pipeline(
+        name="ctr_streaming",
+        namespace=NAMESPACE,
+        sources={
+            "impressions": KafkaSource(
+                f"{NAMESPACE}.impressions",
+                IMPRESSION_FIELDS,
+                event_time="ts",
+                watermark="10 minutes",
+            ),
+            "clicks": KafkaSource(
+                f"{NAMESPACE}.clicks", CLICK_FIELDS, event_time="ts", watermark="10 minutes"
+            ),
+            **dimensions(),
+        },
+        stages=(
+            LiveStage(
+                name="live",
+                events="impressions",
+                label=label_join(),
+                enrich=enrichment(),
+                features=ctr_features(),
+                channel="live",
+                trigger="10 seconds",
+            ),
+        ),
+    )
+
+
+if __name__ == "__main__":
+    run_main(ctr_streaming())

@@ -1,0 +1,64 @@
+"""What a stage did, counted to reconcile: input = training rows + dead letters (+ pending)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["StageReport"]
+
+
+@dataclass
+class StageReport:
+    """Counts, lineage and timings of one stage run."""
+
+    pipeline: str
+    stage: str
+    kind: Literal["backfill", "live"]
+    channel: str
+    table: str = ""
+    """Where the training rows went."""
+    events_input: int = 0
+    """Event records read (valid or not)."""
+    events_dead: int = 0
+    """Event records that became dead letters (bad input, or no usable label/weight)."""
+    training_rows: int = 0
+    pending: int = 0
+    """Live only: valid events still in the label join's state, waiting for their window."""
+    labels_input: int = 0
+    labels_dead: int = 0
+    positives: int = 0
+    feature_state: str = ""
+    seconds: float = 0.0
+    batches: int = 0
+    pending_bound: int | None = None
+    """Live: the most rows the join's state (plus rows dropped as too late) can account for."""
+    lineage: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reconciled(self) -> bool:
+        """Every event read is a training row, a dead letter or (live) pending in the join.
+
+        In a stream, ``pending`` is what the durable counts leave over; it must be non-negative
+        (nothing written twice) and no more than the join's state holds (nothing lost).
+        """
+        balanced = self.events_input == self.training_rows + self.events_dead + self.pending
+        bounded = self.pending_bound is None or self.pending <= self.pending_bound
+        return self.pending >= 0 and balanced and bounded
+
+    def metrics(self) -> dict[str, float]:
+        rate = self.events_input / self.seconds if self.seconds > 0 else 0.0
+        return {
+            "rows_in": float(self.events_input),
+            "rows_out": float(self.training_rows),
+            "dead_letters": float(self.events_dead + self.labels_dead),
+            "events_dead_letters": float(self.events_dead),
+            "labels_in": float(self.labels_input),
+            "labels_dead_letters": float(self.labels_dead),
+            "positives": float(self.positives),
+            "pending": float(self.pending),
+            "rows_in_per_s": rate,
+            "reconciled": float(self.reconciled),
+            **self.extra,
+        }

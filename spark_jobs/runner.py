@@ -1,0 +1,156 @@
+"""Running a Pipeline in a Spark driver: its stages in order, each a nested MLflow run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from flow.config import StackConfig
+from flow.console import console as make_console
+from flow.pipeline.model import BackfillStage, Pipeline
+from flow.pipeline.run import RunOptions
+from flow.pipeline.state import FeatureState, layout
+from flow.tracking import MlflowTracker, NullTracker, Run, Tracker
+from spark_jobs.backfill import run_backfill
+from spark_jobs.live import run_live
+from spark_jobs.report import StageReport
+from spark_jobs.session import get_session
+
+__all__ = ["describe", "run_pipeline"]
+
+console = make_console()
+
+
+def describe(pipeline: Pipeline) -> dict[str, Any]:
+    """The definition as plain data, for MLflow (artifact and parameters)."""
+    plain: dict[str, Any] = json.loads(
+        json.dumps(
+            {
+                "name": pipeline.name,
+                "namespace": pipeline.namespace,
+                "sources": {
+                    k: {"kind": type(v).__name__, **dataclasses.asdict(v)}
+                    for k, v in pipeline.sources.items()
+                },
+                "stages": [
+                    {"kind": type(s).__name__, **dataclasses.asdict(s)} for s in pipeline.stages
+                ],
+            },
+            default=str,
+        )
+    )
+    return plain
+
+
+def _say(message: str) -> None:
+    console.print(f"[bold cyan]{escape('flow')}[/] {escape(message)}", highlight=False)
+
+
+def _log_state(run: Run, pipeline: Pipeline, stage_spec: Any, state: FeatureState) -> None:
+    run.log_dict(
+        json.loads(state.to_json()), f"feature_state/{state.spec_name}-{state.version}.json"
+    )
+    run.log_dict(layout(stage_spec, state).to_dict(), "layout.json")
+    run.set_tags(
+        {"flow.feature_state": state.version, "flow.spec_fingerprint": state.spec_fingerprint}
+    )
+
+
+def _batch_logger(run: Run) -> Callable[[dict[str, float], int], None]:
+    """Per-micro-batch metrics of a live stage, as MLflow metric steps."""
+
+    def log(metrics: dict[str, float], step: int) -> None:
+        run.log_metrics(metrics, step=step)
+
+    return log
+
+
+def _summary(reports: list[StageReport]) -> None:
+    table = Table(title="pipeline run", header_style="bold")
+    for column in (
+        "stage",
+        "events in",
+        "training rows",
+        "dead letters",
+        "pending",
+        "positives",
+        "s",
+        "counts",
+    ):
+        table.add_column(column, justify="right" if column not in ("stage", "counts") else "left")
+    for r in reports:
+        verdict = "[green]reconcile[/]" if r.reconciled else "[red]do NOT reconcile[/]"
+        table.add_row(
+            escape(r.stage),
+            f"{r.events_input:,}",
+            f"{r.training_rows:,}",
+            f"{r.events_dead + r.labels_dead:,}",
+            f"{r.pending:,}",
+            f"{r.positives:,}",
+            f"{r.seconds:.0f}",
+            verdict,
+        )
+    console.print(table)
+
+
+def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) -> list[StageReport]:
+    """Run the chosen stages in order; each report says whether its counts reconcile."""
+    chosen = [s for s in pipeline.stages if not options.stages or s.name in options.stages]
+    spark = get_session(stack, app_name=f"flow-{pipeline.name}")
+    tracker: Tracker = (
+        MlflowTracker(stack.mlflow.tracking_uri, f"pipeline-{pipeline.name}")
+        if options.tracking
+        else NullTracker()
+    )
+    reports: list[StageReport] = []
+    definition = describe(pipeline)
+    params = {
+        "pipeline": pipeline.name,
+        "stages": ",".join(s.name for s in chosen),
+        "mode": options.mode,
+    }
+    with tracker.pipeline_run(pipeline.name, params=params) as parent:
+        parent.log_dict(definition, "pipeline.json")
+        for stage in chosen:
+            with tracker.stage(stage.name) as run:
+                run.log_params(
+                    {
+                        "channel": stage.channel,
+                        "feature_spec": stage.features.name,
+                        "spec_fingerprint": stage.features.fingerprint,
+                        "features": len(stage.features.features),
+                    }
+                )
+                if isinstance(stage, BackfillStage):
+                    report, state = run_backfill(
+                        spark,
+                        pipeline,
+                        stage,
+                        stack,
+                        feature_state=options.feature_state,
+                        progress=_say,
+                    )
+                    _log_state(run, pipeline, stage.features, state)
+                else:
+                    report = run_live(
+                        spark,
+                        pipeline,
+                        stage,
+                        stack,
+                        options,
+                        progress=_say,
+                        on_batch=_batch_logger(run),
+                    )
+                run.log_metrics(report.metrics())
+                run.set_tags({f"lineage.{k}": str(v) for k, v in report.lineage.items()})
+                run.set_tags({"flow.table": report.table})
+                reports.append(report)
+        parent.log_dict([dataclasses.asdict(r) for r in reports], "counts.json")
+        parent.log_metrics({"reconciled": float(all(r.reconciled for r in reports))})
+    _summary(reports)
+    return reports

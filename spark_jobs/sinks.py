@@ -1,0 +1,130 @@
+"""Iceberg sinks that a replayed micro-batch cannot duplicate.
+
+Structured Streaming may run a batch id again after a failure. Each write records who wrote it
+and for which batch in the Iceberg snapshot's summary (``flow.writer``, ``flow.batch``); a write
+whose pair is already committed is skipped. Counts travel in the same commit, so totals read
+back from the table (``writer_totals``) hold across restarts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+__all__ = [
+    "DEAD_LETTER_SCHEMA",
+    "append_once",
+    "committed",
+    "dead_letter_rows",
+    "ensure_table",
+    "writer_totals",
+]
+
+DEAD_LETTER_SCHEMA = StructType(
+    [
+        StructField("pipeline", StringType()),
+        StructField("stage", StringType()),
+        StructField("source", StringType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("kafka_timestamp", TimestampType()),
+        StructField("key", BinaryType()),
+        StructField("raw", BinaryType()),
+        StructField("reason", StringType()),
+        StructField("recorded_at", TimestampType()),
+    ]
+)
+
+
+def ensure_table(
+    spark: SparkSession, name: str, schema: StructType, partitioned_by: str = ""
+) -> None:
+    """Create the Iceberg table ``name`` with ``schema`` unless it exists."""
+    if spark.catalog.tableExists(name):
+        return
+    columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
+    partition = f" PARTITIONED BY ({partitioned_by})" if partitioned_by else ""
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {name} ({columns}) USING iceberg{partition}")
+
+
+def committed(spark: SparkSession, table: str, writer: str, batch: int) -> bool:
+    """Whether ``writer`` already committed ``batch`` to ``table``."""
+    found = _commits(spark, table, writer).where(F.col("summary")["flow.batch"] == str(batch))
+    return found.limit(1).count() > 0
+
+
+def _commits(spark: SparkSession, table: str, writer: str) -> DataFrame:
+    """The snapshots of ``table`` that ``writer`` committed."""
+    spark.catalog.refreshTable(table)
+    snapshots = spark.table(f"{table}.snapshots")
+    return snapshots.where(F.col("summary")["flow.writer"] == writer)
+
+
+def append_once(
+    df: DataFrame,
+    table: str,
+    writer: str,
+    batch: int,
+    properties: Mapping[str, int] | None = None,
+) -> bool:
+    """Append ``df`` as batch ``batch`` of ``writer``; False, writing nothing, if already done.
+
+    ``properties`` (counts) are stored in the commit's snapshot summary next to the writer and
+    batch. An empty ``df`` still commits, carrying its counts.
+    """
+    if committed(df.sparkSession, table, writer, batch):
+        return False
+    write = (
+        df.writeTo(table)
+        .option("snapshot-property.flow.writer", writer)
+        .option("snapshot-property.flow.batch", str(batch))
+    )
+    for key, value in (properties or {}).items():
+        write = write.option(f"snapshot-property.{key}", str(int(value)))
+    write.append()
+    return True
+
+
+def writer_totals(spark: SparkSession, table: str, writer: str) -> Counter[str]:
+    """Sums over every commit of ``writer``: ``added-records`` and each ``flow.*`` count."""
+    totals: Counter[str] = Counter()
+    if not spark.catalog.tableExists(table):
+        return totals
+    for row in _commits(spark, table, writer).select("summary").collect():
+        summary = row["summary"]
+        totals["commits"] += 1
+        totals["added-records"] += int(summary.get("added-records") or 0)
+        for key, value in summary.items():
+            if key.startswith("flow.") and key not in ("flow.writer", "flow.batch"):
+                totals[key] += int(value)
+    return totals
+
+
+def dead_letter_rows(dead: DataFrame, pipeline: str, stage: str) -> DataFrame:
+    """Dead letters from :func:`spark_jobs.validate.split` in the table's layout."""
+    return dead.select(
+        F.lit(pipeline).alias("pipeline"),
+        F.lit(stage).alias("stage"),
+        "source",
+        "topic",
+        F.col("partition").cast("int").alias("partition"),
+        F.col("offset").cast("bigint").alias("offset"),
+        F.col("kafka_timestamp").cast("timestamp").alias("kafka_timestamp"),
+        F.col("key").cast("binary").alias("key"),
+        F.col("raw").cast("binary").alias("raw"),
+        "reason",
+        F.current_timestamp().alias("recorded_at"),
+    )

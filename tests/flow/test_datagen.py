@@ -1,0 +1,134 @@
+"""The synthetic CTR world: reproducible, skewed, learnable, and broken where it should be."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+
+from flow.datagen.ctr import ClickModel, Events, StreamPlan, World, encode_stream, simulate
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def world() -> tuple[World, Events]:
+    w = World(seed=3, users=2000, items=400)
+    events = simulate(
+        w.users_table(), w.items_table(), count=40_000, start=START, span=timedelta(hours=6), seed=5
+    )
+    return w, events
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    order = np.argsort(scores)
+    ranks = np.empty(len(scores))
+    ranks[order] = np.arange(1, len(scores) + 1)
+    positives = labels.sum()
+    return float(
+        (ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * (~labels).sum())
+    )
+
+
+def test_the_same_seed_gives_the_same_world() -> None:
+    assert (
+        World(seed=1, users=50, items=20).users_table()
+        == World(seed=1, users=50, items=20).users_table()
+    )
+    assert (
+        World(seed=1, users=50, items=20).items_table()
+        != World(seed=2, users=50, items=20).items_table()
+    )
+
+
+def test_ids_are_skewed_values_go_missing_and_clicks_follow_impressions(
+    world: tuple[World, Events],
+) -> None:
+    w, events = world
+    users = events.impressions.column("user_id").to_numpy()
+    _, counts = np.unique(users, return_counts=True)
+    assert counts.max() > 20 * np.median(counts), "Zipf: the most active user dwarfs the median one"
+    assert w.users_table().column("age").null_count > 0
+    assert events.impressions.column("device").null_count > 0
+    shown = dict(
+        zip(
+            events.impressions.column("impression_id").to_pylist(),
+            events.impressions.column("ts").to_pylist(),
+            strict=True,
+        )
+    )
+    for click in events.clicks.to_pylist():
+        assert click["ts"] >= shown[click["impression_id"]]
+    assert 0.03 < len(events.clicks) / len(events.impressions) < 0.2
+    assert events.late_clicks > 0
+
+
+def test_the_signal_is_learnable(world: tuple[World, Events]) -> None:
+    w, events = world
+    model = ClickModel(w.users_table(), w.items_table())
+    imps = events.impressions
+    clicked = set(events.clicks.column("impression_id").to_pylist())
+    labels = np.array([i in clicked for i in imps.column("impression_id").to_pylist()])
+    scores = model.probability(
+        imps.column("user_id").to_numpy(),
+        imps.column("item_id").to_numpy(),
+        imps.column("position").to_numpy(),
+        imps.column("device").to_pylist(),
+    )
+    assert auc(scores, labels) > 0.65
+
+
+def test_the_stream_is_in_event_time_order_and_broken_where_asked(
+    world: tuple[World, Events],
+) -> None:
+    _, events = world
+    plan = StreamPlan()
+    records = list(
+        encode_stream(events, malformed_share=0.05, max_payload_bytes=1000, seed=1, plan=plan)
+    )
+    times = [t for _, _, _, t in records]
+    assert times == sorted(times)
+    assert set(plan.malformed) == {
+        "not_json",
+        "missing_field",
+        "wrong_type",
+        "out_of_range",
+        "oversized",
+    }
+    assert plan.produced["impressions"] == len(events.impressions)
+    broken = 0
+    for kind, _key, payload, _ in records:
+        if kind != "impressions":
+            continue
+        try:
+            record = json.loads(payload)
+        except ValueError:
+            broken += 1
+            continue
+        if (
+            "user_id" not in record
+            or not isinstance(record["item_id"], int)
+            or record["position"] < 1
+            or len(payload) > 1000
+        ):
+            broken += 1
+    assert broken == sum(plan.malformed.values())
+
+
+def test_late_clicks_land_beyond_the_window(world: tuple[World, Events]) -> None:
+    _, events = world
+    shown = dict(
+        zip(
+            events.impressions.column("impression_id").to_pylist(),
+            events.impressions.column("ts").to_pylist(),
+            strict=True,
+        )
+    )
+    delays = np.array(
+        [(c["ts"] - shown[c["impression_id"]]).total_seconds() for c in events.clicks.to_pylist()]
+    )
+    assert (delays > 30 * 60).sum() == events.late_clicks
+    assert pc.min(events.clicks.column("ts")).as_py() >= START

@@ -1,0 +1,206 @@
+"""Pipeline definitions are validated when built: every mistake names what to change."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from flow.errors import ConfigError
+from flow.pipeline import (
+    BackfillStage,
+    Bucketized,
+    Cross,
+    Enrich,
+    FeatureSpec,
+    Field,
+    Hashed,
+    IcebergSource,
+    KafkaSource,
+    LabelJoin,
+    LiveStage,
+    Numeric,
+    Pipeline,
+    Sequence,
+    Vocabulary,
+)
+from flow.pipeline.run import parse_run_args
+from pipelines.ctr_backfill import ctr_backfill
+from pipelines.ctr_streaming import ctr_streaming
+
+EVENTS = (
+    Field("id", "string", required=True),
+    Field("user_id", "long", required=True),
+    Field("ts", "timestamp", required=True),
+    Field("price", "double"),
+    Field("tags", "array<string>"),
+)
+CLICKS = (Field("id", "string", required=True), Field("ts", "timestamp", required=True))
+USERS = (Field("user_id", "long", required=True), Field("country", "string"))
+
+
+def spec(*features: object, **kwargs: object) -> FeatureSpec:
+    chosen = features or (Hashed("user_id", buckets=100),)
+    return FeatureSpec("s", tuple(chosen), **kwargs)  # type: ignore[arg-type]
+
+
+def pipeline(*, stage: object | None = None, **sources: object) -> Pipeline:
+    all_sources = {
+        "events": KafkaSource("t.events", EVENTS, event_time="ts"),
+        "clicks": KafkaSource("t.clicks", CLICKS, event_time="ts"),
+        "users": IcebergSource("ns.users", USERS),
+        **sources,
+    }
+    chosen = stage or LiveStage(
+        "live",
+        events="events",
+        label=LabelJoin("clicks", key="id"),
+        enrich=(Enrich("users", on="user_id", columns=("country",), prefix="user_"),),
+        features=spec(Vocabulary("user_country"), Numeric("price"), Sequence("tags", 4, 50)),
+        channel="live",
+    )
+    return Pipeline("p", "ns", all_sources, (chosen,))  # type: ignore[arg-type]
+
+
+def test_a_valid_pipeline_knows_the_columns_each_stage_sees() -> None:
+    built = pipeline()
+    assert set(built.columns["live"]) == {
+        "id",
+        "user_id",
+        "ts",
+        "price",
+        "tags",
+        "label",
+        "label_time",
+        "user_country",
+    }
+
+
+def test_the_example_pipelines_are_valid_and_share_one_feature_spec() -> None:
+    backfill, streaming = ctr_backfill(), ctr_streaming()
+    assert backfill.stages[0].features == streaming.stages[0].features
+    assert backfill.stages[0].features.fingerprint == streaming.stages[0].features.fingerprint
+
+
+def _live(**changes: Any) -> Callable[[], Pipeline]:
+    base = pipeline().stages[0]
+    return lambda: pipeline(stage=dataclasses.replace(base, **changes))
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            _live(events="impressions"),
+            r"names source 'impressions'.*sources: clicks, events, users",
+        ),
+        (
+            _live(features=spec(Numeric("age"))),
+            r"feature 'age' reads column 'age'.*available: .*user_country",
+        ),
+        (
+            _live(enrich=(Enrich("users", on="user_id", columns=("city",)),)),
+            r"enrich source 'users' has no column 'city'; its columns: country, user_id",
+        ),
+        (
+            _live(enrich=(Enrich("users", on="user_id", columns=("user_id",)),)),
+            r"adds column 'user_id', which 'events' already has; set a prefix",
+        ),
+        (
+            _live(label=LabelJoin("clicks", key="user_id")),
+            r"label join key 'user_id' is not a column of the label source",
+        ),
+        (_live(label=LabelJoin("users", key="user_id")), r"must be a Kafka topic for a stream"),
+        (_live(features=spec(Numeric("id"))), r"feature 'id' needs a number; 'id' is string"),
+        (_live(features=spec(Hashed("tags", 10))), r"reads array column 'tags'; use Sequence"),
+        (_live(features=spec(Sequence("price", 4, 10))), r"needs an array; 'price' is double"),
+        (_live(features=spec(weight="country")), r"the weight reads column 'country'"),
+        (_live(features=spec(passthrough=("nope",))), r"passthrough reads column 'nope'"),
+        (_live(label=None), r"the label reads column 'label', which does not exist here"),
+    ],
+)
+def test_mistakes_in_a_stage_name_what_is_wrong_and_what_exists(
+    build: Callable[[], Pipeline], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+def test_stage_kinds_match_their_sources() -> None:
+    table_events = IcebergSource("ns.events", EVENTS, event_time="ts")
+    live_on_table = LiveStage("s", events="hist", features=spec(), channel="c")
+    with pytest.raises(ConfigError, match="LiveStage: its events must be a KafkaSource"):
+        pipeline(stage=live_on_table, hist=table_events)
+    backfill_on_kafka = BackfillStage("s", events="events", features=spec(), channel="c")
+    with pytest.raises(ConfigError, match="BackfillStage: its events must be an Iceberg or Delta"):
+        pipeline(stage=backfill_on_kafka)
+
+
+def test_two_stages_cannot_share_a_channel_or_a_name() -> None:
+    sources = {"hist": IcebergSource("ns.h", EVENTS[:3], event_time="ts")}
+    features = spec(passthrough=(), label="user_id")
+    a = BackfillStage("a", events="hist", features=features, channel="c")
+    with pytest.raises(ConfigError, match="both write channel 'c'"):
+        Pipeline("p", "ns", sources, (a, dataclasses.replace(a, name="b")))
+    with pytest.raises(ConfigError, match="two stages are named 'a'"):
+        Pipeline("p", "ns", sources, (a, dataclasses.replace(a, channel="d")))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Field("Bad-Name", "string"), "use lower-case letters"),
+        (lambda: Field("x", "decimal"), "type 'decimal' is unknown"),  # type: ignore[arg-type]
+        (lambda: Field("x", "string", min=1), "min/max need a numeric type"),
+        (lambda: Field("x", "long", min=5, max=1), "min=5 is above max=1"),
+        (lambda: Field("x", "long", allowed=("a",)), "allowed values need type string"),
+        (lambda: KafkaSource("bad topic!", EVENTS, event_time="ts"), "not a legal Kafka topic"),
+        (lambda: KafkaSource("t", EVENTS, event_time="price"), "event_time 'price' is double"),
+        (
+            lambda: KafkaSource("t", EVENTS, event_time="when"),
+            "event_time 'when' is not a declared",
+        ),
+        (lambda: KafkaSource("t", EVENTS, event_time="ts", watermark="10m"), "is not an interval"),
+        (lambda: IcebergSource("users", USERS), "namespace.table"),
+        (lambda: IcebergSource("ns.u", USERS, snapshot_id=1, since_snapshot=0), "choose one of"),
+        (lambda: IcebergSource("ns.u", (*USERS, USERS[0])), "declares user_id more than once"),
+        (lambda: Vocabulary("c", max_size=10**6), "use Hashed for high-cardinality"),
+        (lambda: Hashed("c", buckets=1), "buckets=1 must be in 2"),
+        (lambda: Cross(("a",), 10), "cross at least two columns"),
+        (lambda: Numeric("x", clip=(5, 1)), "needs low < high"),
+        (lambda: Bucketized("x", buckets=5000), "not in 2..1000"),
+        (lambda: spec(Hashed("a", 10), Hashed("a", 20)), "feature name\\(s\\) a used twice"),
+        (lambda: spec(weight=0.0), "weight=0.0 must be positive"),
+        (lambda: LabelJoin("c", key="k", window="forever"), "is not an interval"),
+    ],
+)
+def test_building_blocks_reject_bad_values(make: Callable[[], object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
+def test_unknown_keyword_arguments_are_refused_not_ignored() -> None:
+    with pytest.raises(TypeError, match="windw"):
+        LabelJoin("c", key="k", windw="5 minutes")  # type: ignore[call-arg]
+
+
+def test_the_spec_fingerprint_follows_every_change() -> None:
+    base = spec(Vocabulary("c"), Numeric("x"))
+    assert base.fingerprint == spec(Vocabulary("c"), Numeric("x")).fingerprint
+    assert base.fingerprint != spec(Vocabulary("c", min_frequency=2), Numeric("x")).fingerprint
+    assert base.fingerprint != spec(Vocabulary("c"), Numeric("x", log=True)).fingerprint
+
+
+def test_run_options_choose_stages_and_mode() -> None:
+    options = parse_run_args(
+        ["--stage", "live", "--continuous", "--duration", "30"], ["bf", "live"]
+    )
+    assert options.stages == ("live",)
+    assert options.mode == "continuous"
+    assert options.duration_s == 30
+    with pytest.raises(SystemExit):
+        parse_run_args(["--stage", "nope"], ["bf", "live"])
+    with pytest.raises(ConfigError, match="--duration applies to --continuous"):
+        parse_run_args(["--duration", "5"], ["bf"])

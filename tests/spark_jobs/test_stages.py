@@ -1,0 +1,438 @@
+"""Backfill and live stages on the real stack: labels, dead letters, enrichment, counts.
+
+Small hand-made inputs whose right answers are known row by row.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from flow.catalog import open_catalog
+from flow.config import StackConfig
+from flow.kafka import ensure_topics, producer
+from flow.pipeline import (
+    BackfillStage,
+    Cross,
+    Enrich,
+    FeatureSpec,
+    Field,
+    Hashed,
+    IcebergSource,
+    KafkaSource,
+    LabelJoin,
+    LiveStage,
+    Numeric,
+    Pipeline,
+    RunOptions,
+    Source,
+    Vocabulary,
+)
+from flow.pipeline.state import FeatureState
+from flow.storage import location
+from spark_jobs.backfill import run_backfill
+from spark_jobs.features import training_rows
+from spark_jobs.live import run_live
+from spark_jobs.report import StageReport
+from spark_jobs.rows import dead_letter_table, training_table
+from spark_jobs.sinks import append_once
+from spark_jobs.validate import parse_kafka
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+TS = pa.timestamp("us", tz="UTC")
+IMPRESSIONS = (
+    Field("id", "string", required=True),
+    Field("user_id", "long", required=True),
+    Field("ts", "timestamp", required=True),
+    Field("position", "int", min=1, max=50),
+    Field("device", "string", allowed=("ios", "android", "web")),
+)
+CLICKS = (Field("id", "string", required=True), Field("ts", "timestamp", required=True))
+USERS = (
+    Field("user_id", "long", required=True),
+    Field("country", "string"),
+    Field("segment", "string"),
+)
+PYTHON_NODES = (
+    "BatchEvalPython",
+    "ArrowEvalPython",
+    "PythonUDF",
+    "MapInPandas",
+    "MapInArrow",
+    "InPandas",
+)
+
+
+def features() -> FeatureSpec:
+    return FeatureSpec(
+        "test_ctr",
+        (
+            Hashed("user_id", buckets=100),
+            Vocabulary("user_country"),
+            Cross(("user_country", "device"), buckets=64),
+            Numeric("position", clip=(1, 50), log=True),
+        ),
+        passthrough=("id", "user_segment"),
+    )
+
+
+def m(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+@dataclass
+class World:
+    stack: StackConfig
+    ns: str
+
+    def table(self, name: str, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+        catalog = open_catalog(self.stack.catalog)
+        catalog.create_namespace_if_not_exists(self.ns)
+        full = f"{self.ns}.{name}"
+        if catalog.table_exists(full):
+            catalog.load_table(full).overwrite(pa.Table.from_pylist(rows, schema=schema))
+        else:
+            catalog.create_table(full, schema=schema).append(
+                pa.Table.from_pylist(rows, schema=schema)
+            )
+
+    def users(self, segment_of_1: str = "a") -> None:
+        schema = pa.schema(
+            [("user_id", pa.int64()), ("country", pa.string()), ("segment", pa.string())]
+        )
+        self.table(
+            "users",
+            [
+                {"user_id": 1, "country": "us", "segment": segment_of_1},
+                {"user_id": 2, "country": "de", "segment": "b"},
+                {"user_id": 3, "country": "fr", "segment": "a"},
+                {"user_id": 1, "country": "us", "segment": segment_of_1},  # a duplicated key
+                {"user_id": 4, "country": "us", "segment": "c"},
+            ],
+            schema,
+        )
+
+    def pipeline(self, **live: Any) -> Pipeline:
+        topic = f"{self.ns}.impressions"
+        users = IcebergSource(f"{self.ns}.users", USERS)
+        sources: dict[str, Source] = {
+            "hist": IcebergSource(f"{self.ns}.impressions_history", IMPRESSIONS, event_time="ts"),
+            "hist_clicks": IcebergSource(f"{self.ns}.clicks_history", CLICKS, event_time="ts"),
+            "impressions": KafkaSource(
+                topic, IMPRESSIONS, event_time="ts", watermark="1 minute", max_payload_bytes=2048
+            ),
+            "clicks": KafkaSource(
+                f"{self.ns}.clicks", CLICKS, event_time="ts", watermark="1 minute"
+            ),
+            "users": users,
+        }
+        enrich = (Enrich("users", on="user_id", columns=("country", "segment"), prefix="user_"),)
+        return Pipeline(
+            "test",
+            self.ns,
+            sources,
+            (
+                BackfillStage(
+                    "backfill",
+                    events="hist",
+                    label=LabelJoin("hist_clicks", key="id", window="30 minutes"),
+                    enrich=enrich,
+                    features=features(),
+                    channel="backfill",
+                ),
+                LiveStage(
+                    "live",
+                    events="impressions",
+                    label=LabelJoin("clicks", key="id", window="10 minutes"),
+                    enrich=enrich,
+                    features=features(),
+                    channel="live",
+                    **live,
+                ),
+            ),
+        )
+
+    def send(self, topic: str, records: list[Any]) -> None:
+        out = producer(self.stack.kafka)
+        for record in records:
+            payload = (
+                record if isinstance(record, bytes) else json.dumps(record, default=str).encode()
+            )
+            out.produce(f"{self.ns}.{topic}", payload)
+        assert out.flush(30) == 0
+
+
+@pytest.fixture
+def world(running_stack: StackConfig) -> World:
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    w = World(running_stack, ns)
+    ensure_topics(running_stack.kafka, [f"{ns}.impressions", f"{ns}.clicks"], partitions=2)
+    imp_schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("user_id", pa.int64()),
+            ("ts", TS),
+            ("position", pa.int32()),
+            ("device", pa.string()),
+        ]
+    )
+    w.table(
+        "impressions_history",
+        [
+            {"id": "i1", "user_id": 1, "ts": m(0), "position": 1, "device": "ios"},
+            {"id": "i2", "user_id": 2, "ts": m(1), "position": 2, "device": "web"},
+            {"id": "i3", "user_id": 1, "ts": m(2), "position": 3, "device": "ios"},
+            {"id": "i4", "user_id": 3, "ts": m(3), "position": 4, "device": None},
+            {"id": "i5", "user_id": None, "ts": m(4), "position": 5, "device": "ios"},
+            {"id": "i6", "user_id": 2, "ts": m(5), "position": 99, "device": "ios"},
+            {"id": "i7", "user_id": 9, "ts": m(6), "position": 1, "device": "android"},
+            {"id": "i8", "user_id": 1, "ts": m(7), "position": 1, "device": "toaster"},
+        ],
+        imp_schema,
+    )
+    w.table(
+        "clicks_history",
+        [
+            {"id": "i1", "ts": m(5)},
+            {"id": "i2", "ts": m(46)},  # beyond the 30-minute window
+            {"id": "i3", "ts": m(3)},
+            {"id": "i3", "ts": m(4)},  # a second click on i3 counts once
+            {"id": "i99", "ts": m(0)},  # no such impression
+            {"id": None, "ts": m(1)},  # broken
+        ],
+        pa.schema([("id", pa.string()), ("ts", TS)]),
+    )
+    w.users()
+    return w
+
+
+def rows_of(spark: SparkSession, table: str) -> dict[str, dict[str, Any]]:
+    spark.catalog.refreshTable(table)
+    found = [r.asDict() for r in spark.table(table).collect()]
+    ids = [r["id"] for r in found]
+    assert len(ids) == len(set(ids)), f"duplicated training rows: {sorted(ids)}"
+    return {r["id"]: r for r in found}
+
+
+def dead_reasons(spark: SparkSession, world: World, stage: str) -> list[str]:
+    table = dead_letter_table(world.stack, world.pipeline())
+    spark.catalog.refreshTable(table)
+    return sorted(r.reason for r in spark.table(table).where(F.col("stage") == stage).collect())
+
+
+def assert_no_python(df: DataFrame) -> None:
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    assert not [node for node in PYTHON_NODES if node in plan], plan
+
+
+def test_backfill_labels_validates_enriches_fits_and_reconciles(
+    spark: SparkSession, world: World
+) -> None:
+    pipeline = world.pipeline()
+    stage = pipeline.stage("backfill")
+    assert isinstance(stage, BackfillStage)
+    report, state = run_backfill(spark, pipeline, stage, world.stack)
+
+    assert (report.events_input, report.events_dead, report.training_rows) == (8, 3, 5)
+    assert (report.labels_input, report.labels_dead) == (6, 1)
+    assert report.reconciled
+    rows = rows_of(spark, training_table(world.stack, pipeline, "backfill"))
+    assert {k: r["label"] for k, r in rows.items()} == {
+        "i1": 1.0,
+        "i2": 0.0,
+        "i3": 1.0,
+        "i4": 0.0,
+        "i7": 0.0,
+    }
+    assert rows["i7"]["user_segment"] is None, (
+        "an unknown user enriches to nulls, not to a lost row"
+    )
+    assert all(len(r["sparse"]) == 3 and len(r["dense"]) == 1 for r in rows.values())
+    assert all(0 < r["sparse"][0] < 100 for r in rows.values())
+    assert dead_reasons(spark, world, "backfill") == [
+        "field 'device' = 'toaster' is not one of ios, android, web",
+        "field 'position' = 99 is above the maximum 50",
+        "missing required field 'id'",
+        "missing required field 'user_id'",
+    ]
+    # Fitted on the valid rows only; the most frequent value first.
+    assert state.vocabularies["user_country"][0] == "us"
+    assert FeatureState.load(location(world.stack.feature_state), stage.features) == state
+
+    again, _ = run_backfill(spark, pipeline, stage, world.stack)
+    assert (again.training_rows, again.events_dead) == (5, 3)
+    assert len(dead_reasons(spark, world, "backfill")) == 4, "a rerun replaces, never adds"
+
+
+def test_features_and_parsing_run_no_python_per_row(spark: SparkSession, world: World) -> None:
+    pipeline = world.pipeline()
+    _, state = run_backfill(spark, pipeline, pipeline.stage("backfill"), world.stack)  # type: ignore[arg-type]
+    enriched = spark.createDataFrame(
+        [("x", 1, "us", "a", "ios", 3, 1.0)],
+        "id string, user_id bigint, user_country string, user_segment string, device string, "
+        "position int, label double",
+    )
+    assert_no_python(training_rows(enriched, features(), state))
+    raw = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", world.stack.kafka.bootstrap_servers)
+        .option("subscribe", f"{world.ns}.impressions")
+        .load()
+    )
+    source = pipeline.sources["impressions"]
+    assert isinstance(source, KafkaSource)
+    assert_no_python(parse_kafka(raw, source, "impressions"))
+
+
+def test_a_replayed_batch_commits_nothing(spark: SparkSession, world: World) -> None:
+    table = f"{world.stack.catalog.name}.{world.ns}.replay"
+    spark.sql(f"CREATE TABLE {table} (a bigint) USING iceberg")
+    batch = spark.range(3).withColumnRenamed("id", "a")
+    assert append_once(batch, table, "w1", 7, {"flow.n": 3})
+    assert not append_once(batch, table, "w1", 7, {"flow.n": 3})
+    assert append_once(batch, table, "w2", 7)  # another writer's batch 7 is its own
+    assert spark.table(table).count() == 6
+
+
+class LiveRun:
+    """run_live in a background thread, continuous, until told to stop."""
+
+    def __init__(self, spark: SparkSession, world: World, pipeline: Pipeline) -> None:
+        self.stop_event = threading.Event()
+        self.result: list[StageReport] = []
+        self.error: list[BaseException] = []
+        stage = pipeline.stage("live")
+        assert isinstance(stage, LiveStage)
+
+        def target() -> None:
+            try:
+                options = RunOptions(mode="continuous")
+                self.result.append(
+                    run_live(
+                        spark, pipeline, stage, world.stack, options, stop=self.stop_event.is_set
+                    )
+                )
+            except BaseException as exc:  # surfaced in the test thread
+                self.error.append(exc)
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def finish(self) -> StageReport:
+        self.stop_event.set()
+        self.thread.join(timeout=120)
+        if self.error:
+            raise self.error[0]
+        return self.result[0]
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(1)
+
+
+@pytest.fixture
+def live_world(spark: SparkSession, world: World) -> World:
+    """A world whose feature state the backfill has fitted."""
+    pipeline = world.pipeline()
+    run_backfill(spark, pipeline, pipeline.stage("backfill"), world.stack)  # type: ignore[arg-type]
+    return world
+
+
+def test_a_live_stage_labels_late_clicks_sees_dimension_updates_and_reconciles(
+    spark: SparkSession, live_world: World
+) -> None:
+    world = live_world
+    pipeline = world.pipeline(trigger="1 second")
+    table = training_table(world.stack, pipeline, "live")
+
+    def ids() -> set[str]:
+        if not spark.catalog.tableExists(table):
+            return set()
+        return set(rows_of(spark, table))
+
+    run = LiveRun(spark, world, pipeline)
+    try:
+        # Batch A: three impressions, an immediate click on e1, broken records of every kind.
+        world.send(
+            "impressions",
+            [
+                {"id": "e1", "user_id": 1, "ts": m(0), "position": 1, "device": "ios"},
+                {"id": "e2", "user_id": 2, "ts": m(1), "position": 2, "device": "web"},
+                {"id": "e3", "user_id": 3, "ts": m(2), "position": 3, "device": "android"},
+                b"\x00not json at all",
+                {"id": "b1", "ts": m(2), "position": 1},
+                {"id": "b2", "user_id": "abc", "ts": m(2)},
+                {"id": "b3", "user_id": 1, "ts": m(2), "position": -1},
+                {"id": "b4", "user_id": 1, "ts": m(2), "pad": "x" * 3000},
+            ],
+        )
+        world.send("clicks", [{"id": "e1", "ts": m(0.5)}, {"id": "e2"}])
+        wait_for(lambda: "e1" in ids(), "e1's positive")
+
+        # While the stream runs: user 1 changes segment; a late click for e3 (within its
+        # window), a click for e2 after its window, and events that move the watermark on.
+        world.users(segment_of_1="z")
+        world.send(
+            "impressions", [{"id": "e10", "user_id": 1, "ts": m(5), "position": 1, "device": "ios"}]
+        )
+        world.send("clicks", [{"id": "e3", "ts": m(10)}, {"id": "e2", "ts": m(13)}])
+        world.send(
+            "impressions", [{"id": "e9", "user_id": 4, "ts": m(40), "position": 1, "device": "web"}]
+        )
+        world.send("clicks", [{"id": "nobody", "ts": m(40)}])
+        wait_for(lambda: {"e2", "e3", "e10"} <= ids(), "the rest of the rows")
+    finally:
+        report = run.finish()
+
+    rows = rows_of(spark, table)
+    assert {k: r["label"] for k, r in rows.items()} == {"e1": 1.0, "e2": 0.0, "e3": 1.0, "e10": 0.0}
+    assert rows["e1"]["user_segment"] == "a"
+    assert rows["e10"]["user_segment"] == "z", "the dimension update was not seen by the stream"
+    reasons = dead_reasons(spark, world, "live")
+    assert len(reasons) == 6
+    assert any(r.startswith("not a JSON object: '") for r in reasons)
+    assert "missing required field 'user_id'" in reasons
+    assert any("field 'user_id' has value 'abc', which is not a long" in r for r in reasons)
+    assert "field 'position' = -1 is below the minimum 1" in reasons
+    assert any(r.startswith("oversized record: ") for r in reasons)
+    assert "missing required field 'ts'" in reasons  # the broken click
+    assert (report.events_input, report.training_rows, report.events_dead) == (10, 4, 5)
+    assert report.pending == 1  # e9 waits for its window
+    assert report.reconciled
+
+    # A restart resumes from the checkpoint: e9 comes out, nothing is read or written twice.
+    world.send(
+        "impressions", [{"id": "e11", "user_id": 2, "ts": m(41), "position": 1, "device": "ios"}]
+    )
+    world.send(
+        "impressions", [{"id": "e12", "user_id": 2, "ts": m(90), "position": 1, "device": "ios"}]
+    )
+    world.send("clicks", [{"id": "nobody", "ts": m(90)}])
+    stage = pipeline.stage("live")
+    assert isinstance(stage, LiveStage)
+    resumed = run_live(spark, pipeline, replace(stage), world.stack, RunOptions())
+    assert set(rows_of(spark, table)) == {"e1", "e2", "e3", "e10", "e9", "e11"}
+    assert (resumed.events_input, resumed.training_rows, resumed.events_dead, resumed.pending) == (
+        12,
+        6,
+        5,
+        1,
+    )
+    assert resumed.reconciled
