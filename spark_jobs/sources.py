@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -83,10 +84,12 @@ def _event_range(df: DataFrame, source: TableSource) -> DataFrame:
     return df
 
 
-def _latest_snapshot(spark: SparkSession, name: str) -> int | None:
-    row = spark.sql(
-        f"SELECT snapshot_id FROM {name}.snapshots ORDER BY committed_at DESC LIMIT 1"
-    ).first()
+def _snapshot_at(spark: SparkSession, name: str, when: datetime | None) -> int | None:
+    """The snapshot that was current at ``when`` (now, if None), from the table's history."""
+    history = spark.table(f"{name}.history").where(F.col("is_current_ancestor"))
+    if when is not None:
+        history = history.where(F.col("made_current_at") <= F.lit(when))
+    row = history.orderBy(F.desc("made_current_at")).select("snapshot_id").first()
     return int(row[0]) if row else None
 
 
@@ -102,15 +105,16 @@ def read_table(spark: SparkSession, stack: StackConfig, source: TableSource) -> 
         spark.catalog.refreshTable(name)
         reader = spark.read.format("iceberg")
         snapshot = source.snapshot_id
+        # Iceberg 1.11 on Spark 4 takes time travel through Spark's own options.
         if source.snapshot_id is not None:
-            reader = reader.option("snapshot-id", str(source.snapshot_id))
+            reader = reader.option("versionAsOf", str(source.snapshot_id))
         elif source.as_of is not None:
-            reader = reader.option("as-of-timestamp", str(int(source.as_of.timestamp() * 1000)))
+            reader = reader.option("timestampAsOf", source.as_of.isoformat())
         elif source.since_snapshot is not None:
             reader = reader.option("start-snapshot-id", str(source.since_snapshot))
         df = reader.load(name)
         if snapshot is None:
-            snapshot = _latest_snapshot(spark, name)
+            snapshot = _snapshot_at(spark, name, source.as_of)
         _check_columns(df, source.columns, source.table)
         df = _event_range(df.select(*[f.name for f in source.columns]), source)
         return TableRead(df, source.table, snapshot, source.since_snapshot)

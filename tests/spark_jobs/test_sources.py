@@ -1,0 +1,94 @@
+"""Table sources read the snapshot, time, increment or event-time range they ask for."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from flow.catalog import open_catalog
+from flow.config import StackConfig
+from flow.errors import ConfigError
+from flow.pipeline import DeltaSource, Field, IcebergSource
+from spark_jobs.sources import read_table
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 2, 1, tzinfo=UTC)
+FIELDS = (Field("id", "long", required=True), Field("ts", "timestamp"))
+SCHEMA = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC"))])
+
+
+def batch(ids: range) -> pa.Table:
+    return pa.table({"id": list(ids), "ts": [T0 + timedelta(hours=i) for i in ids]}, schema=SCHEMA)
+
+
+def ids(spark: SparkSession, stack: StackConfig, source: IcebergSource | DeltaSource) -> list[int]:
+    return sorted(r.id for r in read_table(spark, stack, source).df.collect())
+
+
+def test_iceberg_snapshots_time_travel_increments_and_ranges(
+    spark: SparkSession, running_stack: StackConfig
+) -> None:
+    catalog = open_catalog(running_stack.catalog)
+    catalog.create_namespace_if_not_exists("reads")
+    name = f"reads.t{uuid.uuid4().hex[:8]}"
+    table = catalog.create_table(name, schema=SCHEMA)
+    table.append(batch(range(3)))
+    first = table.current_snapshot()
+    assert first is not None
+    time.sleep(0.05)
+    between = datetime.now(UTC)
+    time.sleep(0.05)
+    table.append(batch(range(3, 5)))
+    table.append(batch(range(5, 6)))
+    latest = table.current_snapshot()
+    assert latest is not None
+
+    everything = IcebergSource(name, FIELDS)
+    assert ids(spark, running_stack, everything) == list(range(6))
+    read = read_table(spark, running_stack, everything)
+    assert read.snapshot_id == latest.snapshot_id
+    assert ids(
+        spark, running_stack, IcebergSource(name, FIELDS, snapshot_id=first.snapshot_id)
+    ) == [0, 1, 2]
+    travelled = IcebergSource(name, FIELDS, as_of=between)
+    assert ids(spark, running_stack, travelled) == [0, 1, 2]
+    assert read_table(spark, running_stack, travelled).snapshot_id == first.snapshot_id
+    since = IcebergSource(name, FIELDS, since_snapshot=first.snapshot_id)
+    assert ids(spark, running_stack, since) == [3, 4, 5]
+    window = IcebergSource(
+        name, FIELDS, event_time="ts", start=T0 + timedelta(hours=1), end=T0 + timedelta(hours=4)
+    )
+    assert ids(spark, running_stack, window) == [1, 2, 3]
+
+
+def test_declared_columns_are_checked_against_the_table(
+    spark: SparkSession, running_stack: StackConfig
+) -> None:
+    catalog = open_catalog(running_stack.catalog)
+    catalog.create_namespace_if_not_exists("reads")
+    name = f"reads.t{uuid.uuid4().hex[:8]}"
+    catalog.create_table(name, schema=SCHEMA).append(batch(range(2)))
+    with pytest.raises(ConfigError, match=r"has no column\(s\) price; its columns: id, ts"):
+        read_table(spark, running_stack, IcebergSource(name, (*FIELDS, Field("price", "double"))))
+    with pytest.raises(ConfigError, match=r"column 'id' is bigint, declared string"):
+        read_table(spark, running_stack, IcebergSource(name, (Field("id", "string"),)))
+    with pytest.raises(ConfigError, match="does not exist in catalog"):
+        read_table(spark, running_stack, IcebergSource("reads.nope", FIELDS))
+
+
+def test_delta_tables_read_by_version(spark: SparkSession, running_stack: StackConfig) -> None:
+    path = f"reads_{uuid.uuid4().hex[:8]}"
+    full = str(running_stack.lake / path)
+    spark.createDataFrame(batch(range(2)).to_pandas()).write.format("delta").save(full)
+    spark.createDataFrame(batch(range(2, 4)).to_pandas()).write.format("delta").mode("append").save(
+        full
+    )
+    assert ids(spark, running_stack, DeltaSource(path, FIELDS)) == [0, 1, 2, 3]
+    assert ids(spark, running_stack, DeltaSource(path, FIELDS, version=0)) == [0, 1]
+    assert read_table(spark, running_stack, DeltaSource(path, FIELDS)).version == 1
