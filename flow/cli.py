@@ -22,6 +22,7 @@ import time
 import webbrowser
 from collections.abc import Callable, Sequence
 from functools import wraps
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -355,6 +356,29 @@ def run(argv: tuple[str, ...]) -> None:
         console.print(_status_table(rows))
         raise FlowError(f"the local stack is not healthy: {', '.join(r.name for r in unhealthy)}")
     raise SystemExit(_launch(argv, stack))
+
+
+@main.command(context_settings=_passthrough)
+@click.argument("name")
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+@_friendly
+def bench(name: str, argv: tuple[str, ...]) -> None:
+    """Run benchmarks/NAME.py on the local stack (arguments after NAME go to the benchmark)."""
+    from flow import services as svc
+
+    script = Path("benchmarks") / f"{name}.py"
+    if not script.exists():
+        found = sorted(p.stem for p in Path("benchmarks").glob("*.py"))
+        raise FlowError(
+            f"no benchmark {name!r} in {Path('benchmarks').resolve()}; benchmarks: "
+            f"{', '.join(found) or 'none (run from the project folder)'}"
+        )
+    stack = _stack()
+    rows = svc.up(stack, progress=_progress)
+    if not all(r.healthy for r in rows):
+        console.print(_status_table(rows))
+        raise FlowError("the local stack is not healthy")
+    raise SystemExit(_launch(["--driver-memory", "4g", str(script), *argv], stack))
 
 
 @main.command("spark-args")

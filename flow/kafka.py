@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -12,7 +13,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from flow.config import KafkaConfig
 from flow.errors import ServiceError
 
-__all__ = ["admin", "broker_answers", "ensure_topics", "producer"]
+__all__ = ["admin", "broker_answers", "delete_topics", "ensure_topics", "producer"]
 
 # librdkafka reports every refused connection at error level; while waiting for a broker to
 # start that is expected, so the clients log through a logger that keeps only critical lines.
@@ -83,3 +84,21 @@ def ensure_topics(
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise ServiceError(f"could not create Kafka topic {name!r}: {exc}") from exc
     return created
+
+
+def delete_topics(config: KafkaConfig, topics: Iterable[str], timeout: float = 30.0) -> None:
+    """Delete the topics that exist and wait until the broker no longer lists them."""
+    client = admin(config)
+    wanted = set(topics)
+    existing = wanted & set(client.list_topics(timeout=timeout).topics)
+    if not existing:
+        return
+    for future in client.delete_topics(sorted(existing), operation_timeout=timeout).values():
+        future.result(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while wanted & set(client.list_topics(timeout=timeout).topics):
+        if time.monotonic() > deadline:
+            raise ServiceError(
+                f"Kafka still lists {sorted(existing)} {timeout:.0f}s after deletion"
+            )
+        time.sleep(0.2)

@@ -50,10 +50,10 @@ ITEM_COLUMNS = (
 )
 
 
-def dimensions() -> dict[str, IcebergSource]:
+def dimensions(namespace: str = NAMESPACE) -> dict[str, IcebergSource]:
     return {
-        "users": IcebergSource(f"{NAMESPACE}.users", USER_COLUMNS),
-        "items": IcebergSource(f"{NAMESPACE}.items", ITEM_COLUMNS),
+        "users": IcebergSource(f"{namespace}.users", USER_COLUMNS),
+        "items": IcebergSource(f"{namespace}.items", ITEM_COLUMNS),
     }
 
 

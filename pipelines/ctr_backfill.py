@@ -20,16 +20,16 @@ from pipelines.ctr import (
 )
 
 
-def ctr_backfill() -> Pipeline:
+def ctr_backfill(namespace: str = NAMESPACE) -> Pipeline:
     return Pipeline(
         name="ctr_backfill",
-        namespace=NAMESPACE,
+        namespace=namespace,
         sources={
             "impressions": IcebergSource(
-                f"{NAMESPACE}.impressions_history", IMPRESSION_FIELDS, event_time="ts"
+                f"{namespace}.impressions_history", IMPRESSION_FIELDS, event_time="ts"
             ),
-            "clicks": IcebergSource(f"{NAMESPACE}.clicks_history", CLICK_FIELDS, event_time="ts"),
-            **dimensions(),
+            "clicks": IcebergSource(f"{namespace}.clicks_history", CLICK_FIELDS, event_time="ts"),
+            **dimensions(namespace),
         },
         stages=(
             BackfillStage(

@@ -22,21 +22,24 @@ from pipelines.ctr import (
 )
 
 
-def ctr_streaming() -> Pipeline:
+def ctr_streaming(namespace: str = NAMESPACE, max_records_per_batch: int | None = None) -> Pipeline:
+    """``max_records_per_batch`` caps impressions per micro-batch (a backlog is worked off in
+    steps rather than one huge batch)."""
     return Pipeline(
         name="ctr_streaming",
-        namespace=NAMESPACE,
+        namespace=namespace,
         sources={
             "impressions": KafkaSource(
-                f"{NAMESPACE}.impressions",
+                f"{namespace}.impressions",
                 IMPRESSION_FIELDS,
                 event_time="ts",
                 watermark="10 minutes",
+                max_records_per_batch=max_records_per_batch,
             ),
             "clicks": KafkaSource(
-                f"{NAMESPACE}.clicks", CLICK_FIELDS, event_time="ts", watermark="10 minutes"
+                f"{namespace}.clicks", CLICK_FIELDS, event_time="ts", watermark="10 minutes"
             ),
-            **dimensions(),
+            **dimensions(namespace),
         },
         stages=(
             LiveStage(

@@ -17,8 +17,7 @@ from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.pipeline.model import BackfillStage, Pipeline
 from flow.pipeline.sources import DeltaSource, IcebergSource, TableSource
-from flow.pipeline.state import FeatureState
-from flow.storage import location
+from flow.pipeline.state import FeatureState, states_location
 from spark_jobs.features import fit_state, training_rows
 from spark_jobs.joins import enrich, label_batch
 from spark_jobs.report import StageReport
@@ -105,7 +104,7 @@ def run_backfill(
     report.events_dead += unusable_count
     dead.append(unusable)
 
-    states = location(stack.feature_state)
+    states = states_location(stack, pipeline.namespace)
     if stage.fit:
         state = fit_state(
             usable, spec, {"pipeline": pipeline.name, "stage": stage.name, **report.lineage}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from flow.pipeline.features import (
@@ -28,7 +28,7 @@ from flow.pipeline.features import (
 )
 from flow.pipeline.state import FeatureState, layout
 
-__all__ = ["fit_state", "training_columns", "training_rows"]
+__all__ = ["Featurizer", "fit_state", "training_columns", "training_rows"]
 
 _NULL = "\u0000"
 
@@ -100,21 +100,36 @@ def _sequence(feature: Sequence) -> Column:
     return F.concat(hashed, padding).cast("array<int>")
 
 
-def _with_vocabularies(df: DataFrame, spec: FeatureSpec, state: FeatureState) -> DataFrame:
-    spark = df.sparkSession
-    for feature in spec.features:
-        if not isinstance(feature, Vocabulary):
-            continue
-        name = feature_name(feature)
-        values = state.vocabularies[name]
-        rows: list[tuple[str | None, int]] = [(v, i + 1) for i, v in enumerate(values)]
-        table = spark.createDataFrame(
-            rows or [(None, 0)],
-            f"_key_{name} string, _vocab_{name} int",
-        )
-        key = F.col(feature.column).cast("string")
-        df = df.join(F.broadcast(table), key == F.col(f"_key_{name}"), "left").drop(f"_key_{name}")
-    return df
+class Featurizer:
+    """A spec and its fitted state, ready to turn frames into training rows.
+
+    The vocabulary tables are built once here, so a stream featurizing every micro-batch does
+    not ship them from Python again each time.
+    """
+
+    def __init__(self, spark: SparkSession, spec: FeatureSpec, state: FeatureState) -> None:
+        self.spec = spec
+        self.state = state
+        self.columns = training_columns(spec, state)
+        self._vocabularies: list[tuple[Vocabulary, DataFrame]] = []
+        for feature in spec.features:
+            if isinstance(feature, Vocabulary):
+                name = feature_name(feature)
+                rows: list[tuple[str | None, int]] = [
+                    (v, i + 1) for i, v in enumerate(state.vocabularies[name])
+                ]
+                table = spark.createDataFrame(
+                    rows or [(None, 0)], f"_key_{name} string, _vocab_{name} int"
+                )
+                self._vocabularies.append((feature, F.broadcast(table)))
+
+    def apply(self, df: DataFrame) -> DataFrame:
+        """Enriched, labelled rows in the training-row layout."""
+        for feature, table in self._vocabularies:
+            name = feature_name(feature)
+            key = F.col(feature.column).cast("string")
+            df = df.join(table, key == F.col(f"_key_{name}"), "left").drop(f"_key_{name}")
+        return df.select(*self.columns)
 
 
 def training_columns(spec: FeatureSpec, state: FeatureState) -> list[Column]:
@@ -143,8 +158,8 @@ def training_columns(spec: FeatureSpec, state: FeatureState) -> list[Column]:
 
 
 def training_rows(df: DataFrame, spec: FeatureSpec, state: FeatureState) -> DataFrame:
-    """Enriched, labelled rows in the training-row layout."""
-    return _with_vocabularies(df, spec, state).select(*training_columns(spec, state))
+    """Enriched, labelled rows in the training-row layout (see :class:`Featurizer`)."""
+    return Featurizer(df.sparkSession, spec, state).apply(df)
 
 
 def _fit_numeric(

@@ -26,20 +26,20 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
+from flow.catalog import open_catalog
 from flow.config import StackConfig
 from flow.errors import ConfigError, FlowError
 from flow.pipeline.model import LiveStage, Pipeline
 from flow.pipeline.run import RunOptions
 from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource
-from flow.pipeline.state import FeatureState
-from flow.storage import location
-from spark_jobs.features import training_rows
+from flow.pipeline.state import FeatureState, states_location
+from spark_jobs.features import Featurizer
 from spark_jobs.joins import enrich, label_stream
 from spark_jobs.report import StageReport
 from spark_jobs.rows import dead_letter_table, split_unusable, training_table
 from spark_jobs.sinks import (
     DEAD_LETTER_SCHEMA,
-    append_once,
+    BatchLedger,
     dead_letter_rows,
     ensure_table,
     writer_totals,
@@ -114,6 +114,8 @@ def _poll(queries: dict[str, StreamingQuery], watch: _Watch, on_batch: OnBatch) 
                     "batch_input_rows_per_s": float(data.get("inputRowsPerSecond") or 0.0),
                     "batch_processed_rows_per_s": float(data.get("processedRowsPerSecond") or 0.0),
                     "batch_duration_ms": float(data["durationMs"].get("triggerExecution", 0)),
+                    # addBatch is the foreachBatch sink; the rest is reading, state and commits.
+                    "batch_sink_ms": float(data["durationMs"].get("addBatch", 0)),
                     "state_rows": float(watch.state_rows or 0),
                 },
                 int(data["batchId"]),
@@ -152,11 +154,45 @@ def _await(
     _poll(queries, watch, on_batch)
 
 
-def _dimension(spark: SparkSession, stack: StackConfig, pipeline: Pipeline, name: str) -> DataFrame:
-    source = pipeline.sources[name]
-    if not isinstance(source, IcebergSource | DeltaSource):
-        raise ConfigError(f"enrich source {name!r} is not a table")
-    return read_table(spark, stack, source).df
+class _Dimensions:
+    """Dimension tables for enrichment, re-read whenever they change.
+
+    Each micro-batch asks an Iceberg table's catalog for its current snapshot (one small read
+    through pyiceberg, not a Spark job); the rows are scanned again only when it changed, so an
+    update is seen at the next batch and an unchanged table costs no scan. Delta tables are
+    read every batch.
+    """
+
+    def __init__(self, spark: SparkSession, stack: StackConfig, pipeline: Pipeline) -> None:
+        self.spark, self.stack, self.pipeline = spark, stack, pipeline
+        self._catalog = open_catalog(stack.catalog)
+        self._cached: dict[str, tuple[int, DataFrame]] = {}
+
+    def _current(self, source: IcebergSource) -> int | None:
+        snapshot = self._catalog.load_table(source.table).current_snapshot()
+        return snapshot.snapshot_id if snapshot else None
+
+    def get(self, name: str) -> DataFrame:
+        source = self.pipeline.sources[name]
+        if not isinstance(source, IcebergSource | DeltaSource):
+            raise ConfigError(f"enrich source {name!r} is not a table")
+        if not isinstance(source, IcebergSource):
+            return read_table(self.spark, self.stack, source).df
+        cached = self._cached.get(name)
+        if cached is not None and cached[0] == self._current(source):
+            return cached[1]
+        if cached is not None:
+            cached[1].unpersist()
+        read = read_table(self.spark, self.stack, source)
+        frame = read.df.persist()
+        if read.snapshot_id is not None:
+            self._cached[name] = (read.snapshot_id, frame)
+        return frame
+
+    def release(self) -> None:
+        for _, frame in self._cached.values():
+            frame.unpersist()
+        self._cached.clear()
 
 
 def run_live(
@@ -177,14 +213,14 @@ def run_live(
     label = stage.label
     label_source = _kafka(pipeline, label.source) if label else None
     state = (
-        FeatureState.load(location(stack.feature_state), spec, options.feature_state)
+        FeatureState.load(states_location(stack, pipeline.namespace), spec, options.feature_state)
         if spec.needs_fit
         else FeatureState(spec.name, spec.fingerprint)
     )
     report = StageReport(
         pipeline.name, stage.name, "live", stage.channel, feature_state=state.version
     )
-    checkpoint = stack.checkpoints / pipeline.name / stage.name
+    checkpoint = stack.checkpoints / pipeline.namespace / pipeline.name / stage.name
     writer = _writer_id(checkpoint, pipeline, stage)
     report.lineage["writer"] = writer
     train_table = training_table(stack, pipeline, stage.channel)
@@ -213,21 +249,25 @@ def run_live(
     for frame in intake_frames[1:]:
         intake = intake.unionByName(frame)
 
+    intake_ledger = BatchLedger(spark, dead_table, f"{writer}/intake")
+
     def write_intake(batch: DataFrame, batch_id: int) -> None:
+        if batch_id <= intake_ledger.last:
+            return  # a replay of a batch already committed
         batch = batch.persist()
         counts: dict[str, int] = {}
         for row in (
             batch.groupBy("source")
             .agg(
-                F.count(F.lit(1)).alias("n"), F.sum((F.col(REASON) != "").cast("int")).alias("bad")
+                F.count(F.lit(1)).alias("n"),
+                F.sum((F.col(REASON) != "").cast("int")).alias("bad"),
             )
             .collect()
         ):
             counts[f"flow.input.{row['source']}"] = int(row["n"])
             counts[f"flow.dead.{row['source']}"] = int(row["bad"] or 0)
         dead = batch.where(F.col(REASON) != "").withColumnRenamed(REASON, "reason")
-        rows = dead_letter_rows(dead, pipeline.name, stage.name)
-        append_once(rows, dead_table, f"{writer}/intake", batch_id, counts)
+        intake_ledger.append(dead_letter_rows(dead, pipeline.name, stage.name), batch_id, counts)
         batch.unpersist()
 
     # -- main: valid records, labelled, enriched, featurized -------------------------------------
@@ -248,27 +288,32 @@ def run_live(
             label_source.watermark,
         )
 
+    featurizer = Featurizer(spark, spec, state)
+    dimensions = _Dimensions(spark, stack, pipeline)
+
+    main_ledger = BatchLedger(spark, train_table, f"{writer}/main")
+    unusable_ledger = BatchLedger(spark, dead_table, f"{writer}/unusable")
+
     def write_main(batch: DataFrame, batch_id: int) -> None:
-        enriched = batch
+        if batch_id <= min(main_ledger.last, unusable_ledger.last):
+            return  # a replay of a batch already committed in full
+        # Every action on `batch` would run the stateful join again: compute it once.
+        joined = batch.persist()
+        enriched = joined
         for spec_enrich in stage.enrich:
-            # Read the dimension again every micro-batch: updates show up while the stream runs.
-            enriched = enrich(
-                enriched, _dimension(spark, stack, pipeline, spec_enrich.source), spec_enrich
-            )
+            # Dimensions are checked every micro-batch: updates show up while the stream runs.
+            enriched = enrich(enriched, dimensions.get(spec_enrich.source), spec_enrich)
+        enriched = enriched.persist()
         usable, unusable = split_unusable(enriched, spec, stage.events)
-        training = training_rows(usable, spec, state).persist()
-        if not spark.catalog.tableExists(train_table):
+        training = featurizer.apply(usable).persist()
+        if main_ledger.last < 0 and not spark.catalog.tableExists(train_table):
             training.limit(0).writeTo(train_table).using("iceberg").create()
         positives = training.agg(F.sum("label")).first()
         count = {"flow.positives": int(positives[0] or 0) if positives else 0}
-        append_once(training, train_table, f"{writer}/main", batch_id, count)
-        append_once(
-            dead_letter_rows(unusable, pipeline.name, stage.name),
-            dead_table,
-            f"{writer}/unusable",
-            batch_id,
-        )
-        training.unpersist()
+        main_ledger.append(training, batch_id, count)
+        unusable_ledger.append(dead_letter_rows(unusable, pipeline.name, stage.name), batch_id)
+        for frame in (training, enriched, joined):
+            frame.unpersist()
 
     def start(
         frame: DataFrame, role: str, sink: Callable[[DataFrame, int], None]
@@ -288,7 +333,10 @@ def run_live(
     queries["main"] = start(rows, "main", write_main)
     progress(f"{stage.name}: streaming {', '.join(s.topic for _, s in sources)} ({options.mode})")
     watch = _Watch()
-    _await(queries, options, watch, on_batch, progress, stop)
+    try:
+        _await(queries, options, watch, on_batch, progress, stop)
+    finally:
+        dimensions.release()
 
     intake_totals = writer_totals(spark, dead_table, f"{writer}/intake")
     main_totals = writer_totals(spark, train_table, f"{writer}/main")

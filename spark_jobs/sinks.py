@@ -25,6 +25,7 @@ from pyspark.sql.types import (
 
 __all__ = [
     "DEAD_LETTER_SCHEMA",
+    "BatchLedger",
     "append_once",
     "committed",
     "dead_letter_rows",
@@ -87,6 +88,45 @@ def append_once(
     """
     if committed(df.sparkSession, table, writer, batch):
         return False
+    _append(df, table, writer, batch, properties)
+    return True
+
+
+class BatchLedger:
+    """The batches one writer has committed to one table, read once, then kept in memory.
+
+    Structured Streaming gives a query's batches increasing ids and, after a failure, replays
+    only ids at or below the last one it started. So the highest id committed when a stage
+    starts is all a writer needs to skip replays: no metadata scan per micro-batch.
+    """
+
+    def __init__(self, spark: SparkSession, table: str, writer: str) -> None:
+        self.table = table
+        self.writer = writer
+        self.last = -1
+        if spark.catalog.tableExists(table):
+            batches = (
+                _commits(spark, table, writer)
+                .select(F.max(F.col("summary")["flow.batch"].cast("bigint")).alias("last"))
+                .first()
+            )
+            if batches is not None and batches["last"] is not None:
+                self.last = int(batches["last"])
+
+    def append(
+        self, df: DataFrame, batch: int, properties: Mapping[str, int] | None = None
+    ) -> bool:
+        """Append ``df`` as ``batch`` unless it was committed already; True if written."""
+        if batch <= self.last:
+            return False
+        _append(df, self.table, self.writer, batch, properties)
+        self.last = batch
+        return True
+
+
+def _append(
+    df: DataFrame, table: str, writer: str, batch: int, properties: Mapping[str, int] | None
+) -> None:
     write = (
         df.writeTo(table)
         .option("snapshot-property.flow.writer", writer)
@@ -95,7 +135,6 @@ def append_once(
     for key, value in (properties or {}).items():
         write = write.option(f"snapshot-property.{key}", str(int(value)))
     write.append()
-    return True
 
 
 def writer_totals(spark: SparkSession, table: str, writer: str) -> Counter[str]:

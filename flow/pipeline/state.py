@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.pipeline.features import (
     Bucketized,
@@ -24,11 +25,16 @@ from flow.pipeline.features import (
     Vocabulary,
     feature_name,
 )
-from flow.storage import Location
+from flow.storage import Location, location
 
-__all__ = ["FeatureState", "Layout", "layout"]
+__all__ = ["FeatureState", "Layout", "layout", "states_location"]
 
 _LATEST = "LATEST"
+
+
+def states_location(stack: StackConfig, namespace: str) -> Location:
+    """Where the fitted states of a pipeline namespace live (one folder per spec inside)."""
+    return location(stack.feature_state).child(namespace)
 
 
 @dataclass(frozen=True)

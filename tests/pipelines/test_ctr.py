@@ -15,8 +15,7 @@ from flow.catalog import open_catalog
 from flow.config import StackConfig
 from flow.datagen.ctr import World
 from flow.datagen.load import produce_stream, write_history
-from flow.pipeline.state import FeatureState, layout
-from flow.storage import location
+from flow.pipeline.state import FeatureState, layout, states_location
 from pipelines.ctr import ctr_features
 from tests.support import run_flow
 
@@ -76,7 +75,7 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
     rows = catalog.load_table("ctr.training_backfill").scan().to_arrow().sort_by("ts")
     assert len(rows) == history.impressions  # the generator's history is all valid
     assert pc.sum(rows.column("label")).as_py() == history.clicks - history.late_clicks
-    state = FeatureState.load(location(running_stack.feature_state), ctr_features())
+    state = FeatureState.load(states_location(running_stack, "ctr"), ctr_features())
     sizes = [cardinality for _, cardinality in layout(ctr_features(), state).sparse]
     learned = logistic_auc(
         np.array(rows.column("sparse").to_pylist()),

@@ -39,14 +39,13 @@ from flow.pipeline import (
     Source,
     Vocabulary,
 )
-from flow.pipeline.state import FeatureState
-from flow.storage import location
+from flow.pipeline.state import FeatureState, states_location
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import training_rows
 from spark_jobs.live import run_live
 from spark_jobs.report import StageReport
 from spark_jobs.rows import dead_letter_table, training_table
-from spark_jobs.sinks import append_once
+from spark_jobs.sinks import BatchLedger, append_once, writer_totals
 from spark_jobs.validate import parse_kafka
 
 pytestmark = pytest.mark.integration
@@ -270,7 +269,7 @@ def test_backfill_labels_validates_enriches_fits_and_reconciles(
     ]
     # Fitted on the valid rows only; the most frequent value first.
     assert state.vocabularies["user_country"][0] == "us"
-    assert FeatureState.load(location(world.stack.feature_state), stage.features) == state
+    assert FeatureState.load(states_location(world.stack, world.ns), stage.features) == state
 
     again, _ = run_backfill(spark, pipeline, stage, world.stack)
     assert (again.training_rows, again.events_dead) == (5, 3)
@@ -305,6 +304,13 @@ def test_a_replayed_batch_commits_nothing(spark: SparkSession, world: World) -> 
     assert not append_once(batch, table, "w1", 7, {"flow.n": 3})
     assert append_once(batch, table, "w2", 7)  # another writer's batch 7 is its own
     assert spark.table(table).count() == 6
+    # A stream's ledger, opened after a restart, knows batch 7 and skips its replay.
+    ledger = BatchLedger(spark, table, "w1")
+    assert ledger.last == 7
+    assert not ledger.append(batch, 7)
+    assert ledger.append(batch, 8, {"flow.n": 3})
+    assert spark.table(table).count() == 9
+    assert writer_totals(spark, table, "w1")["flow.n"] == 6
 
 
 class LiveRun:

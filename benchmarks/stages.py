@@ -1,0 +1,298 @@
+"""Benchmarks of the Spark side, each against a baseline measured in the same run.
+
+    flow bench stages                         # all three, default sizes
+    flow bench stages --only features --rows 2000000 --repeat 5
+
+* features: the CTR feature spec compiled by spark_jobs.features against a hand-written Spark
+  SQL query doing the same work on the same cached rows (checked to give identical rows first).
+  Throughput through a no-op sink; the target is compiled / hand-written >= 0.9.
+* backfill: the whole CTR backfill stage (Iceberg history -> validate -> label join -> enrich ->
+  fit -> features -> Iceberg), in rows per second per core.
+* live: the CTR live stage working off a Kafka backlog in capped micro-batches; the sustained
+  input rate is what it processes per second once warm (first batch excluded).
+
+Results print as a table and go to $FLOW_HOME/bench/stages-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+
+from flow.config import StackConfig
+from flow.console import console
+from flow.datagen.ctr import World
+from flow.datagen.load import produce_stream, topics, write_history
+from flow.kafka import delete_topics
+from flow.pipeline import BackfillStage, LiveStage, RunOptions
+from flow.pipeline.features import feature_name
+from flow.pipeline.state import FeatureState
+from pipelines.ctr import ctr_features
+from pipelines.ctr_backfill import ctr_backfill
+from pipelines.ctr_streaming import ctr_streaming
+from spark_jobs.backfill import run_backfill
+from spark_jobs.features import fit_state, training_rows
+from spark_jobs.live import run_live
+from spark_jobs.session import get_session
+
+NAMESPACE = "bench"
+out = console()
+
+
+def synthetic_rows(spark: SparkSession, n: int) -> DataFrame:
+    """Enriched, labelled CTR rows (the input of featurization), built in Spark and cached."""
+    rows = spark.range(n).selectExpr(
+        "concat('imp-', id) AS impression_id",
+        "pmod(xxhash64(id, 1), 200000) AS user_id",
+        "pmod(xxhash64(id, 2), 50000) AS item_id",
+        "CASE WHEN pmod(id, 53) = 0 THEN NULL ELSE element_at(array('us','gb','de','fr','br',"
+        "'in','jp','ng','mx','ca','es','it'), CAST(1 + pmod(xxhash64(id, 3), 12) AS INT)) END "
+        "AS user_country",
+        "concat('cat_', CAST(pmod(xxhash64(id, 4), 24) AS STRING)) AS user_favorite_category",
+        "concat('cat_', CAST(pmod(xxhash64(id, 5), 24) AS STRING)) AS item_category",
+        "CASE WHEN pmod(id, 37) = 0 THEN NULL ELSE concat('brand_', "
+        "CAST(pmod(xxhash64(id, 6), 200) AS STRING)) END AS item_brand",
+        "element_at(array('ios','android','web'), CAST(1 + pmod(xxhash64(id, 7), 3) AS INT)) "
+        "AS device",
+        "exp(randn(8)) * 20 AS item_price",
+        "CASE WHEN pmod(id, 19) = 0 THEN NULL ELSE CAST(16 + pmod(xxhash64(id, 9), 70) AS INT) "
+        "END AS user_age",
+        "round(rand(10) * 5, 2) AS item_rating",
+        "CAST(1 + pmod(xxhash64(id, 11), 20) AS INT) AS position",
+        "transform(sequence(0, CAST(pmod(xxhash64(id, 12), 10) AS INT)), "
+        "x -> pmod(xxhash64(id, x), 50000)) AS user_recent_items",
+        "CAST(rand(13) < 0.08 AS DOUBLE) AS label",
+        "timestamp_seconds(1767225600 + id) AS ts",
+        "CAST(NULL AS TIMESTAMP) AS label_time",
+    )
+    rows = rows.persist(StorageLevel.MEMORY_ONLY)
+    rows.count()
+    return rows
+
+
+def _vocabulary_view(spark: SparkSession, name: str, values: list[str]) -> str:
+    view = f"vocab_{name}"
+    spark.createDataFrame(
+        [(v, i + 1) for i, v in enumerate(values)], "value string, idx int"
+    ).createOrReplaceTempView(view)
+    return view
+
+
+def hand_written_sql(spark: SparkSession, state: FeatureState) -> str:
+    """The CTR features as a Spark engineer would write them in SQL, fitted constants inlined."""
+    m = {k: (repr(mean), repr(std if std > 0 else 1.0)) for k, (mean, std) in state.moments.items()}
+    for name, values in state.vocabularies.items():
+        _vocabulary_view(spark, name, values)
+    log_price = "log1p(greatest(CAST(e.item_price AS DOUBLE), 0))"
+    bounds = state.boundaries["price_bucket"]
+    buckets = " ".join(f"WHEN {log_price} < {b!r} THEN {i + 1}" for i, b in enumerate(bounds))
+    recent = "slice(coalesce(e.user_recent_items, array()), 1, 10)"
+    return f"""
+    SELECT /*+ BROADCAST(vc, vf, vi, vb, vd) */
+      CAST(e.label AS FLOAT) AS label,
+      CAST(1.0 AS FLOAT) AS weight,
+      CAST(array(
+        CAST((coalesce(least(greatest(CAST(e.user_age AS DOUBLE), 16), 90), {m["user_age"][0]})
+              - {m["user_age"][0]}) / {m["user_age"][1]} AS FLOAT),
+        CAST((coalesce({log_price}, {m["item_price"][0]}) - {m["item_price"][0]})
+              / {m["item_price"][1]} AS FLOAT),
+        CAST((coalesce(CAST(e.item_rating AS DOUBLE), {m["item_rating"][0]})
+              - {m["item_rating"][0]}) / {m["item_rating"][1]} AS FLOAT),
+        CAST((coalesce(log1p(greatest(least(greatest(CAST(e.position AS DOUBLE), 1), 50), 0)),
+              {m["position"][0]}) - {m["position"][0]}) / {m["position"][1]} AS FLOAT)
+      ) AS ARRAY<FLOAT>) AS dense,
+      CAST(array(
+        CASE WHEN e.user_id IS NULL THEN 0
+             ELSE CAST(1 + pmod(xxhash64('user_id', CAST(e.user_id AS STRING)), 262143) AS INT) END,
+        CASE WHEN e.item_id IS NULL THEN 0
+             ELSE CAST(1 + pmod(xxhash64('item_id', CAST(e.item_id AS STRING)), 65535) AS INT) END,
+        coalesce(vc.idx, 0), coalesce(vf.idx, 0), coalesce(vi.idx, 0), coalesce(vb.idx, 0),
+        coalesce(vd.idx, 0),
+        CAST(1 + pmod(xxhash64('taste_x_category',
+                               coalesce(CAST(e.user_favorite_category AS STRING), '\\u0000'),
+                               coalesce(CAST(e.item_category AS STRING), '\\u0000')), 1023) AS INT),
+        CASE WHEN {log_price} IS NULL THEN 0 {buckets} ELSE {len(bounds) + 1} END
+      ) AS ARRAY<INT>) AS sparse,
+      CAST(concat(
+        transform({recent}, v -> CASE WHEN v IS NULL THEN 0
+          ELSE CAST(1 + pmod(xxhash64('user_recent_items', CAST(v AS STRING)), 65535) AS INT) END),
+        array_repeat(0, 10 - size({recent}))) AS ARRAY<INT>) AS seq_user_recent_items,
+      e.ts, e.label_time, e.impression_id
+    FROM bench_rows e
+    LEFT JOIN vocab_user_country vc ON CAST(e.user_country AS STRING) = vc.value
+    LEFT JOIN vocab_user_favorite_category vf ON CAST(e.user_favorite_category AS STRING) = vf.value
+    LEFT JOIN vocab_item_category vi ON CAST(e.item_category AS STRING) = vi.value
+    LEFT JOIN vocab_item_brand vb ON CAST(e.item_brand AS STRING) = vb.value
+    LEFT JOIN vocab_device vd ON CAST(e.device AS STRING) = vd.value
+    """
+
+
+def _noop_seconds(df: DataFrame) -> float:
+    started = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
+def bench_features(spark: SparkSession, rows: int, repeat: int) -> dict[str, Any]:
+    spec = ctr_features()
+    data = synthetic_rows(spark, rows)
+    data.createOrReplaceTempView("bench_rows")
+    state = fit_state(data, spec)
+    compiled = training_rows(data, spec, state)
+    hand = spark.sql(hand_written_sql(spark, state))
+    # Same work means the same rows, every one of them (as multisets, both ways).
+    if compiled.exceptAll(hand).limit(1).count() or hand.exceptAll(compiled).limit(1).count():
+        raise SystemExit("the hand-written query does not produce the same rows; fix it first")
+    names = [feature_name(f) for f in spec.features]
+    _noop_seconds(compiled)  # warm-up: JIT, codegen, broadcast of the vocabularies
+    _noop_seconds(hand)
+    times: dict[str, list[float]] = {"compiled": [], "hand_written": []}
+    for _ in range(repeat):  # alternate, so drift on a shared machine hits both alike
+        times["compiled"].append(_noop_seconds(compiled))
+        times["hand_written"].append(_noop_seconds(hand))
+    cores = spark.sparkContext.defaultParallelism
+    result: dict[str, Any] = {"rows": rows, "cores": cores, "features": names, "repeat": repeat}
+    for variant, seconds in times.items():
+        median = statistics.median(seconds)
+        result[variant] = {
+            "seconds": seconds,
+            "rows_per_s": rows / median,
+            "rows_per_s_per_core": rows / median / cores,
+        }
+    result["ratio"] = result["compiled"]["rows_per_s"] / result["hand_written"]["rows_per_s"]
+    data.unpersist()
+    return result
+
+
+def bench_backfill(
+    spark: SparkSession, stack: StackConfig, days: int, per_day: int
+) -> dict[str, Any]:
+    write_history(
+        stack,
+        World(seed=31, users=50_000, items=10_000),
+        namespace=NAMESPACE,
+        days=days,
+        per_day=per_day,
+        end=datetime(2026, 6, 1, tzinfo=UTC),
+    )
+    pipeline = ctr_backfill(NAMESPACE)
+    stage = pipeline.stage("backfill")
+    assert isinstance(stage, BackfillStage)
+    report, _ = run_backfill(spark, pipeline, stage, stack)
+    cores = spark.sparkContext.defaultParallelism
+    return {
+        "rows": report.events_input,
+        "seconds": report.seconds,
+        "rows_per_s": report.events_input / report.seconds,
+        "rows_per_s_per_core": report.events_input / report.seconds / cores,
+        "reconciled": report.reconciled,
+    }
+
+
+def bench_live(
+    spark: SparkSession, stack: StackConfig, count: int, per_batch: int
+) -> dict[str, Any]:
+    pipeline = ctr_streaming(NAMESPACE, max_records_per_batch=per_batch)
+    stage = pipeline.stage("live")
+    assert isinstance(stage, LiveStage)
+    # A fresh backlog: new topics and no checkpoint, so every run measures the same work.
+    shutil.rmtree(stack.checkpoints / NAMESPACE / pipeline.name, ignore_errors=True)
+    delete_topics(stack.kafka, topics(NAMESPACE).values())
+    sent = produce_stream(
+        stack,
+        namespace=NAMESPACE,
+        count=count,
+        malformed_share=0.01,
+        start=datetime(2026, 6, 1, tzinfo=UTC),
+        span=timedelta(hours=4),
+        seed=17,
+    )
+    batches: list[tuple[float, float]] = []
+
+    def record(metrics: dict[str, float], _step: int) -> None:
+        if metrics["batch_rows_in"] > 0:
+            batches.append((metrics["batch_rows_in"], metrics["batch_duration_ms"] / 1000))
+
+    report = run_live(spark, pipeline, stage, stack, RunOptions(), on_batch=record)
+    warm = batches[1:] or batches
+    rows, seconds = sum(r for r, _ in warm), sum(s for _, s in warm)
+    return {
+        "impressions_sent": sent.impressions,
+        "records_per_batch_cap": per_batch,
+        "batches": len(batches),
+        "sustained_rows_per_s": rows / seconds if seconds else 0.0,
+        "rows_per_s_per_core": rows / seconds / spark.sparkContext.defaultParallelism
+        if seconds
+        else 0.0,
+        "stage_seconds": report.seconds,
+        "training_rows": report.training_rows,
+        "dead_letters": report.events_dead,
+        "reconciled": report.reconciled,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Spark-side benchmarks")
+    parser.add_argument("--only", choices=["features", "backfill", "live"], action="append")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="features: rows")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--days", type=int, default=4, help="backfill: days of history")
+    parser.add_argument("--per-day", type=int, default=100_000, help="backfill: impressions/day")
+    parser.add_argument("--live-count", type=int, default=200_000, help="live: impressions sent")
+    parser.add_argument("--per-batch", type=int, default=50_000, help="live: records per batch")
+    args = parser.parse_args()
+    chosen = args.only or ["features", "backfill", "live"]
+    stack = StackConfig.from_env()
+    spark = get_session(stack, app_name="flow-bench-stages")
+    results: dict[str, Any] = {"when": datetime.now(UTC).isoformat(), "spark": spark.version}
+    if "features" in chosen:
+        out.print(f"features: {args.rows:,} rows, {args.repeat} repeats ...")
+        results["features"] = bench_features(spark, args.rows, args.repeat)
+    if "backfill" in chosen:
+        out.print(f"backfill: {args.days} days x {args.per_day:,} impressions ...")
+        results["backfill"] = bench_backfill(spark, stack, args.days, args.per_day)
+    if "live" in chosen:
+        out.print(f"live: {args.live_count:,} impressions in batches of {args.per_batch:,} ...")
+        results["live"] = bench_live(spark, stack, args.live_count, args.per_batch)
+    folder = stack.home / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"stages-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
+    path.write_text(json.dumps(results, indent=2))
+    _print(results)
+    out.print(f"results: {path}")
+
+
+def _print(results: dict[str, Any]) -> None:
+    if "features" in results:
+        f = results["features"]
+        out.print(
+            f"features  compiled {f['compiled']['rows_per_s']:,.0f} rows/s "
+            f"({f['compiled']['rows_per_s_per_core']:,.0f}/core), hand-written SQL "
+            f"{f['hand_written']['rows_per_s']:,.0f} rows/s -> ratio {f['ratio']:.2f} "
+            "(target >= 0.9)"
+        )
+    if "backfill" in results:
+        b = results["backfill"]
+        out.print(
+            f"backfill  {b['rows']:,} rows in {b['seconds']:.1f}s: {b['rows_per_s']:,.0f} rows/s "
+            f"({b['rows_per_s_per_core']:,.0f}/core), reconciled={b['reconciled']}"
+        )
+    if "live" in results:
+        live = results["live"]
+        out.print(
+            f"live      sustained {live['sustained_rows_per_s']:,.0f} input rows/s "
+            f"({live['rows_per_s_per_core']:,.0f}/core) over {live['batches']} batches, "
+            f"reconciled={live['reconciled']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
