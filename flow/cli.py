@@ -269,10 +269,22 @@ def generate_history(
     type=float,
     help="Event time the impressions cover (default: count/rate, or 10 ms each).",
 )
+@click.option(
+    "--late-arrivals",
+    default=0.02,
+    show_default=True,
+    help="Share of records sent up to 3 minutes out of event-time order.",
+)
 @click.option("--seed", default=11, show_default=True)
 @_friendly
 def generate_stream(
-    namespace: str, count: int, rate: float, malformed: float, span_minutes: float | None, seed: int
+    namespace: str,
+    count: int,
+    rate: float,
+    malformed: float,
+    span_minutes: float | None,
+    late_arrivals: float,
+    seed: int,
 ) -> None:
     """Impressions and clicks to Kafka, drawn from the Iceberg users and items."""
     from datetime import timedelta
@@ -287,6 +299,7 @@ def generate_stream(
         rate=rate,
         malformed_share=malformed,
         span=timedelta(minutes=span_minutes) if span_minutes else None,
+        late_arrival_share=late_arrivals,
         seed=seed,
         progress=_progress,
     )
@@ -294,7 +307,8 @@ def generate_stream(
     console.print(
         f"sent {report.impressions:,} impressions and {report.clicks:,} clicks to "
         f"{', '.join(topics(namespace).values())} in {report.seconds:.1f}s; malformed: {broken}; "
-        f"clicks after the window: {report.late_clicks:,}"
+        f"clicks after the window: {report.late_clicks:,}; sent out of order: "
+        f"{report.late_arrivals:,}"
     )
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -271,6 +272,8 @@ class StreamPlan:
     produced: Counter[str] = field(default_factory=Counter)
     malformed: Counter[str] = field(default_factory=Counter)
     """Malformed impressions by kind."""
+    late_arrivals: int = 0
+    """Records sent out of event-time order."""
     first_ts: datetime | None = None
     last_ts: datetime | None = None
 
@@ -280,13 +283,18 @@ def encode_stream(
     *,
     malformed_share: float = 0.0,
     max_payload_bytes: int = 64 * 1024,
+    late_arrival_share: float = 0.0,
+    late_arrival: timedelta = timedelta(minutes=3),
     seed: int = 0,
     plan: StreamPlan | None = None,
 ) -> Iterator[tuple[str, str, bytes, datetime]]:
-    """``(kind, key, payload, event time)`` in event-time order: impressions and clicks interleaved.
+    """``(kind, key, payload, event time)`` in send order: impressions and clicks interleaved.
 
-    A ``malformed_share`` of impressions is sent broken (cycling through ``MALFORMED_KINDS``);
-    their clicks are not sent, since the impression never validly existed.
+    Records go out in event-time order, except a ``late_arrival_share`` of them that is held
+    back by up to ``late_arrival`` (as a slow producer or a network partition would): they
+    arrive out of order, which a watermark longer than ``late_arrival`` absorbs. A
+    ``malformed_share`` of impressions is sent broken (cycling through ``MALFORMED_KINDS``); their
+    clicks are not sent, since the impression never validly existed.
     """
     plan = plan if plan is not None else StreamPlan()
     rng = np.random.default_rng([seed, 4])
@@ -295,29 +303,32 @@ def encode_stream(
     kinds = iter(MALFORMED_KINDS * (len(imps) // len(MALFORMED_KINDS) + 1))
     skip = {r["impression_id"] for r, b in zip(imps, broken, strict=True) if b}
     clicks = [c for c in events.clicks.to_pylist() if c["impression_id"] not in skip]
-    i = j = 0
-    while i < len(imps) or j < len(clicks):
-        take_click = j < len(clicks) and (i >= len(imps) or clicks[j]["ts"] < imps[i]["ts"])
-        if take_click:
-            click = clicks[j]
-            j += 1
-            payload = json.dumps({"impression_id": click["impression_id"], "ts": _iso(click["ts"])})
+    records: list[tuple[datetime, int, str, dict[str, Any], bool]] = [
+        (imp["ts"], k, "impressions", imp, bool(broken[k])) for k, imp in enumerate(imps)
+    ] + [(c["ts"], len(imps) + k, "clicks", c, False) for k, c in enumerate(clicks)]
+    held = rng.random(len(records)) < late_arrival_share
+    holds = np.where(held, rng.uniform(0, late_arrival.total_seconds(), len(records)), 0.0)
+    send_at = [records[k][0] + timedelta(seconds=float(holds[k])) for k in range(len(records))]
+    order = sorted(range(len(records)), key=lambda k: (send_at[k], records[k][1]))
+    plan.late_arrivals = int(held.sum())
+    for k in order:
+        event_time, _, kind, record, is_broken = records[k]
+        if kind == "clicks":
+            payload = {"impression_id": record["impression_id"], "ts": _iso(event_time)}
             plan.produced["clicks"] += 1
-            yield "clicks", click["impression_id"], payload.encode(), click["ts"]
+            yield "clicks", record["impression_id"], json.dumps(payload).encode(), event_time
             continue
-        imp = imps[i]
-        record = {**imp, "ts": _iso(imp["ts"])}
-        if broken[i]:
-            kind = next(kinds)
-            payload_bytes = _malformed(record, kind, max_payload_bytes)
-            plan.malformed[kind] += 1
+        encoded = {**record, "ts": _iso(event_time)}
+        if is_broken:
+            kind_broken = next(kinds)
+            payload_bytes = _malformed(encoded, kind_broken, max_payload_bytes)
+            plan.malformed[kind_broken] += 1
         else:
-            payload_bytes = json.dumps(record).encode()
+            payload_bytes = json.dumps(encoded).encode()
         plan.produced["impressions"] += 1
-        plan.first_ts = plan.first_ts or imp["ts"]
-        plan.last_ts = imp["ts"]
-        i += 1
-        yield "impressions", imp["impression_id"], payload_bytes, imp["ts"]
+        plan.first_ts = min(plan.first_ts or event_time, event_time)
+        plan.last_ts = max(plan.last_ts or event_time, event_time)
+        yield "impressions", record["impression_id"], payload_bytes, event_time
 
 
 def pace(rate: float, clock: Callable[[], float] = time.monotonic) -> Callable[[int], None]:

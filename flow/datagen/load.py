@@ -151,6 +151,7 @@ class StreamReport:
     clicks: int = 0
     malformed: Counter[str] = field(default_factory=Counter)
     late_clicks: int = 0
+    late_arrivals: int = 0
     first_ts: datetime | None = None
     last_ts: datetime | None = None
     seconds: float = 0.0
@@ -171,6 +172,7 @@ def produce_stream(
     span: timedelta | None = None,
     seed: int = 11,
     max_payload_bytes: int = 64 * 1024,
+    late_arrival_share: float = 0.02,
     progress: Progress = _quiet,
 ) -> StreamReport:
     """Produce ``count`` impressions (and their clicks) to the namespace's topics.
@@ -211,6 +213,7 @@ def produce_stream(
         events,
         malformed_share=malformed_share,
         max_payload_bytes=max_payload_bytes,
+        late_arrival_share=late_arrival_share,
         seed=seed,
         plan=plan,
     )
@@ -234,6 +237,7 @@ def produce_stream(
         clicks=plan.produced["clicks"],
         malformed=plan.malformed,
         late_clicks=events.late_clicks,
+        late_arrivals=plan.late_arrivals,
         first_ts=plan.first_ts,
         last_ts=plan.last_ts,
         seconds=(datetime.now(UTC) - begun).total_seconds(),

@@ -132,3 +132,22 @@ def test_late_clicks_land_beyond_the_window(world: tuple[World, Events]) -> None
     )
     assert (delays > 30 * 60).sum() == events.late_clicks
     assert pc.min(events.clicks.column("ts")).as_py() >= START
+
+
+def test_late_arrivals_come_out_of_order_but_within_their_hold(
+    world: tuple[World, Events],
+) -> None:
+    _, events = world
+    plan = StreamPlan()
+    hold = timedelta(minutes=3)
+    records = list(
+        encode_stream(events, late_arrival_share=0.05, late_arrival=hold, seed=2, plan=plan)
+    )
+    times = [t for _, _, _, t in records]
+    assert plan.late_arrivals > 0
+    assert times != sorted(times)
+    newest = times[0]
+    for t in times:
+        assert t >= newest - hold, "a record was held back longer than late_arrival"
+        newest = max(newest, t)
+    assert len(records) == len(events.impressions) + len(events.clicks)
