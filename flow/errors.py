@@ -8,14 +8,18 @@ from __future__ import annotations
 
 __all__ = [
     "ArtifactResolutionError",
+    "ChannelNotFoundError",
     "ConfigError",
     "DependencyMissingError",
     "EngineNotFoundError",
     "FlowError",
+    "HandoffError",
     "JavaNotFoundError",
     "PortInUseError",
+    "SchemaMismatchError",
     "ServiceError",
     "ServiceStartError",
+    "ShardCorruptError",
     "SparkSetupError",
 ]
 
@@ -70,3 +74,19 @@ class PortInUseError(ServiceError):
 
 class ServiceStartError(ServiceError):
     """A local service exited or did not become ready; the message carries its log's tail."""
+
+
+class HandoffError(FlowError):
+    """The handoff cannot be written or read as asked."""
+
+
+class ChannelNotFoundError(HandoffError):
+    """A handoff location or channel does not exist; the message lists what does."""
+
+
+class SchemaMismatchError(HandoffError):
+    """A channel's schema is not the one its consumer (or a new writer) expects."""
+
+
+class ShardCorruptError(HandoffError):
+    """A committed shard is missing, truncated or does not match its checksum."""

@@ -1,0 +1,30 @@
+"""The handoff from Spark to PyTorch: Arrow IPC shards, commit records, a shuffling reader.
+
+Writers (Spark tasks) add shards and a driver commits them; readers (trainer ranks) read the
+committed ones: their buckets, balanced, shuffled in bounded windows, resumable, following new
+commits. Storage is anything ``pyarrow.fs`` opens (local disk, S3, HDFS, GCS).
+
+    from flow.handoff import ChannelReader, ReadOptions, World
+    for batch in ChannelReader("s3://bucket/handoff/ctr", "live", world=World(rank, size)):
+        ...
+"""
+
+from flow.handoff.channel import Channel, ConsumerPosition, list_channels
+from flow.handoff.format import ChannelMeta, Commit, ShardInfo
+from flow.handoff.mix import MixedReader
+from flow.handoff.plan import World
+from flow.handoff.reader import ChannelReader, ReadOptions, ReadStats
+
+__all__ = [
+    "Channel",
+    "ChannelMeta",
+    "ChannelReader",
+    "Commit",
+    "ConsumerPosition",
+    "MixedReader",
+    "ReadOptions",
+    "ReadStats",
+    "ShardInfo",
+    "World",
+    "list_channels",
+]

@@ -1,0 +1,136 @@
+"""The handoff format: a channel is a folder of Arrow IPC shards and one commit record per batch.
+
+    <location>/<channel>/_channel.json                         schema, buckets, layout
+    <location>/<channel>/shards/<batch:020d>/<bucket>-<task>-<id>.arrow
+    <location>/<channel>/commits/<batch:020d>.json             the shards of one batch
+    <location>/<channel>/consumers/<group>/rank-<r>-of-<w>.json what a consumer has read
+    <location>/<channel>/_closed                               the producer has finished
+
+A shard exists for readers only once a commit names it. Commits are written by the driver after
+every shard of the batch exists; writing a commit for a batch id already committed is a no-op.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = [
+    "FORMAT_VERSION",
+    "ChannelMeta",
+    "Commit",
+    "ShardInfo",
+    "commit_name",
+    "schema_fingerprint",
+]
+
+FORMAT_VERSION = 1
+CHANNEL_FILE = "_channel.json"
+CLOSED_FILE = "_closed"
+COMMITS = "commits"
+SHARDS = "shards"
+CONSUMERS = "consumers"
+
+
+def commit_name(batch_id: int) -> str:
+    return f"{batch_id:020d}.json"
+
+
+def schema_fingerprint(schema: pa.Schema) -> str:
+    """Identifies a schema (names, types, nullability), not its metadata."""
+    plain = schema.remove_metadata()
+    return hashlib.sha256(plain.serialize().to_pybytes()).hexdigest()[:16]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One Arrow IPC file of a commit."""
+
+    path: str
+    """Relative to the channel folder."""
+    bucket: int
+    rows: int
+    bytes: int
+    checksum: str
+    """XXH3-64 of the whole file (hex): a truncated or corrupted shard is detected on read.
+    (XXH3 hashes at ~15 GB/s here, CRC-32 at ~3.5: verifying every read costs little.)"""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The shards of one batch, and where their rows came from."""
+
+    channel: str
+    batch_id: int
+    shards: tuple[ShardInfo, ...]
+    schema_fingerprint: str
+    committed_at: str = field(default_factory=_now)
+    source_positions: dict[str, Any] = field(default_factory=dict)
+    """Kafka offsets, Iceberg snapshot ids: what this batch read."""
+    event_time: dict[str, str | None] = field(default_factory=dict)
+    """{"min": ..., "max": ...} of the rows' event time, ISO strings."""
+    format: int = FORMAT_VERSION
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> Commit:
+        data = json.loads(text)
+        data["shards"] = tuple(ShardInfo(**s) for s in data["shards"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ChannelMeta:
+    """What every shard of a channel has in common."""
+
+    name: str
+    schema: pa.Schema
+    num_buckets: int
+    compression: str | None = "lz4"
+    layout: dict[str, Any] | None = None
+    """The feature layout (flow.pipeline.Layout.to_dict()): how a trainer sizes its model."""
+    feature_state: str | None = None
+    """Version of the fitted feature state the rows were made with."""
+    max_unconsumed_bytes: int | None = None
+    """Backpressure: the writer waits while consumers have more than this left to read."""
+    created_at: str = field(default_factory=_now)
+    format: int = FORMAT_VERSION
+
+    @property
+    def fingerprint(self) -> str:
+        return schema_fingerprint(self.schema)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["schema"] = base64.b64encode(self.schema.serialize().to_pybytes()).decode()
+        data["schema_fingerprint"] = self.fingerprint
+        data["columns"] = {f.name: str(f.type) for f in self.schema}
+        return json.dumps(data, indent=1, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> ChannelMeta:
+        data = json.loads(text)
+        data.pop("schema_fingerprint", None)
+        data.pop("columns", None)
+        data["schema"] = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"])))
+        return cls(**data)

@@ -1,0 +1,417 @@
+"""Reading a channel: one rank's batches, shuffled in windows, resumable, followable.
+
+The reader executes the plan of :mod:`flow.handoff.plan` on data: it opens the shards a window
+needs (memory-mapped on local disk, checksums verified), gathers the window's rows in their
+permuted order once, and hands out zero-copy slices of it as Arrow record batches.
+
+Its cursor is taken at the start of the window in progress: the commit being read, every
+rank's row totals before it, the planner's counters when that commit began, and the references
+of the rows carried into the window (fewer than a batch and a row). Resuming costs the span
+arithmetic of one commit and one window's permutation, however long the channel, and never
+needs commits that retention has already deleted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from flow.errors import ConfigError
+from flow.handoff.channel import Channel, ConsumerPosition
+from flow.handoff.format import Commit
+from flow.handoff.plan import (
+    BatchPlan,
+    RankPlanner,
+    ShardRef,
+    Span,
+    Window,
+    World,
+    assign,
+    batch_sizes,
+    check_world,
+    rank_totals,
+    targets,
+)
+from flow.handoff.shards import read_shard
+
+__all__ = ["ChannelReader", "ReadOptions", "ReadStats"]
+
+_NO_REFS = np.empty((0, 3), dtype=np.int64)
+_SAMPLE = 16  # one batch in this many is measured for shuffle quality
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a rank reads a channel."""
+
+    batch_size: int = 4096
+    window_rows: int | None = None
+    """Rows permuted together (default 16 batches). Memory is bounded by this, not the data."""
+    shuffle: bool = True
+    seed: int = 0
+    follow: bool = False
+    """Keep reading new commits as they land; end when the channel is closed."""
+    poll_interval: float = 0.05
+    """Seconds between looks for new commits while following."""
+    verify: bool = True
+    """Check every shard's checksum (XXH3, ~15 GB/s) before reading it."""
+    consumer_group: str | None = None
+    """Record this rank's position under this name, for retention and backpressure."""
+    record_every: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.window_rows is not None and self.window_rows <= self.batch_size:
+            raise ConfigError(
+                f"window_rows={self.window_rows} must exceed batch_size={self.batch_size}"
+            )
+
+    @property
+    def window(self) -> int:
+        return self.window_rows or 16 * self.batch_size
+
+
+@dataclass
+class ReadStats:
+    """What a reader has done so far: progress and shuffle quality."""
+
+    batches: int = 0
+    rows: int = 0
+    shards_opened: int = 0
+    distinct_shards: int = 0
+    """Sum, over sampled batches, of the number of shards a batch's rows came from."""
+    sampled: int = 0
+    undelivered: int = 0
+    """Rows a closed channel left that no batch could take without unbalancing the ranks."""
+
+    @property
+    def shards_per_batch(self) -> float:
+        """Shuffle quality: distinct source shards in a batch, on average."""
+        return self.distinct_shards / self.sampled if self.sampled else 0.0
+
+
+@dataclass
+class _Mark:
+    """The cursor: where the window in progress began."""
+
+    after: int = -1
+    """Batch id of the last commit fully read (-1: none)."""
+    before: list[int] | None = None
+    """Every rank's rows over commits up to ``after``."""
+    counters: tuple[int, int, int] = (0, 0, 0)
+    """The planner's (windows, batches, carry) when the commit after ``after`` began."""
+    window: int = 0
+    """The window in progress (its ident); windows before it are done."""
+    carry: np.ndarray = field(default_factory=lambda: _NO_REFS)
+    """References (commit, shard, row) of the rows carried into that window."""
+
+
+class _Materializer:
+    """Turns windows into record batches; keeps only the shards still needed open."""
+
+    def __init__(self, channel: Channel, verify: bool, stats: ReadStats) -> None:
+        self.channel = channel
+        self.verify = verify
+        self.stats = stats
+        self.commits: dict[int, Commit] = {}
+        self._open: dict[tuple[int, int], pa.Table] = {}
+        self._remaining: dict[tuple[int, int], int] = {}
+        self.carry: pa.Table | None = None
+        self.carry_refs = _NO_REFS
+
+    def expect(self, commit: Commit, spans: list[Span]) -> None:
+        self.commits[commit.batch_id] = commit
+        for span in spans:
+            key = (span.commit, span.index)
+            self._remaining[key] = self._remaining.get(key, 0) + span.rows
+
+    def _shard(self, commit: int, index: int) -> pa.Table:
+        key = (commit, index)
+        table = self._open.get(key)
+        if table is None:
+            if commit not in self.commits:
+                self.commits[commit] = self.channel.commit(commit)
+            shard = self.commits[commit].shards[index]
+            table = read_shard(self.channel.folder, shard, verify=self.verify, commit=commit)
+            self._open[key] = table
+            self.stats.shards_opened += 1
+        return table
+
+    def skip(self, window: Window) -> None:
+        """A window read before the cursor was taken: account its rows, read nothing."""
+        for span in window.spans:
+            self._used(span)
+
+    def _used(self, span: Span) -> None:
+        key = (span.commit, span.index)
+        self._remaining[key] = self._remaining.get(key, 0) - span.rows
+        if self._remaining[key] <= 0:
+            self._open.pop(key, None)
+            self._remaining.pop(key, None)
+
+    def restore_carry(self, refs: np.ndarray) -> None:
+        """Carried rows again, read back from their references (after a resume)."""
+        parts = [self._shard(int(c), int(i)).slice(int(r), 1) for c, i, r in refs]
+        self.carry = pa.concat_tables(parts).combine_chunks() if parts else None
+        self.carry_refs = refs
+        for key in [k for k in self._open if k not in self._remaining]:
+            del self._open[key]  # opened only for the carried rows
+
+    def window(self, window: Window, batches: list[BatchPlan]) -> list[pa.RecordBatch]:
+        """The window's batches; what it leaves is carried into the next window."""
+        parts: list[pa.Table] = []
+        bounds = [0]
+        meta: list[tuple[int, int, int]] = []  # per part: commit, shard, first row (-1: carry)
+        if window.carry and self.carry is not None:
+            parts.append(self.carry)
+            bounds.append(self.carry.num_rows)
+            meta.append((-1, -1, -1))
+        for span in window.spans:
+            parts.append(self._shard(span.commit, span.index).slice(span.start, span.rows))
+            bounds.append(bounds[-1] + span.rows)
+            meta.append((span.commit, span.index, span.start))
+        for span in window.spans:
+            self._used(span)
+        if not parts:
+            self.carry, self.carry_refs = None, _NO_REFS
+            return []
+        table = pa.concat_tables(parts)
+        order = window.permutation()
+        ordered = (table.take(pa.array(order)) if window.shuffle else table).combine_chunks()
+        starts = np.asarray(bounds)
+        part = np.searchsorted(starts, order, side="right") - 1
+        info = np.asarray(meta, dtype=np.int64)
+        shard_ids = np.unique(info[:, :2], axis=0, return_inverse=True)[1].reshape(-1)
+        out = []
+        for plan in batches:
+            out.append(ordered.slice(plan.start, plan.rows).to_batches()[0])
+            if plan.ordinal % _SAMPLE == 0:  # shuffle quality, sampled: unique() is not free
+                self.stats.sampled += 1
+                self.stats.distinct_shards += len(
+                    np.unique(shard_ids[part[plan.start : plan.stop]])
+                )
+        end = batches[-1].stop if batches else 0
+        self.carry = ordered.slice(end) if end < ordered.num_rows else None
+        self.carry_refs = self._refs(order[end:], part[end:], starts, info)
+        return out
+
+    def _refs(
+        self, positions: np.ndarray, parts: np.ndarray, starts: np.ndarray, info: np.ndarray
+    ) -> np.ndarray:
+        """(commit, shard, row) of the rows at ``positions`` of the window."""
+        offsets = positions - starts[parts]
+        refs = np.column_stack([info[parts, 0], info[parts, 1], info[parts, 2] + offsets])
+        from_carry = info[parts, 0] < 0
+        refs[from_carry] = self.carry_refs[offsets[from_carry]]
+        return refs
+
+
+class ChannelReader:
+    """The batches of one channel for one rank of a trainer.
+
+    Iterating yields one epoch (or, following, everything until the channel is closed), then
+    moves to the next epoch. ``state_dict()`` after any batch, loaded into a new reader, goes on
+    with exactly the batches not yet yielded.
+    """
+
+    def __init__(
+        self,
+        where: Any,
+        channel: str,
+        *,
+        world: World | None = None,
+        options: ReadOptions | None = None,
+        expected_schema: pa.Schema | None = None,
+    ) -> None:
+        self.channel = Channel(where, channel)
+        self.world = world or World()
+        self.options = options or ReadOptions()
+        if self.options.batch_size < 2:
+            raise ConfigError(f"batch_size={self.options.batch_size} must be at least 2")
+        meta = self.channel.meta()  # raises, naming what exists, before the first batch
+        check_world(meta.num_buckets, self.world.world_size)
+        if expected_schema is not None:
+            self.channel.check_schema(expected_schema)
+        self.schema = meta.schema
+        self.stats = ReadStats()
+        self.epoch = 0
+        self.position = 0
+        """Batches yielded so far in this epoch."""
+        self._upto: int | None = None
+        self._totals: list[int] | None = None
+        self._mark = _Mark()
+        self._recorded = 0.0
+
+    # -- cursor -----------------------------------------------------------------------------
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "channel": self.channel.name,
+            "world": [self.world.rank, self.world.world_size],
+            "batch_size": self.options.batch_size,
+            "window_rows": self.options.window,
+            "shuffle": self.options.shuffle,
+            "seed": self.options.seed,
+            "follow": self.options.follow,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        mark = self._mark
+        return {
+            "config": self._config(),
+            "epoch": self.epoch,
+            "position": self.position,
+            "upto": self._upto,
+            "totals": self._totals,
+            "after": mark.after,
+            "before": mark.before,
+            "counters": list(mark.counters),
+            "window": mark.window,
+            "carry": mark.carry.tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["config"] != self._config():
+            raise ConfigError(
+                f"this cursor was saved by a reader with {state['config']}, not {self._config()}; "
+                "resume with the same channel, world and read options"
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._upto, self._totals = state["upto"], state["totals"]
+        carry = np.asarray(state["carry"], dtype=np.int64).reshape(-1, 3)
+        self._mark = _Mark(
+            state["after"], state["before"], tuple(state["counters"]), state["window"], carry
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning."""
+        self.epoch, self.position = epoch, 0
+        self._upto = self._totals = None
+        self._mark = _Mark()
+
+    # -- iteration --------------------------------------------------------------------------
+
+    @staticmethod
+    def _refs(commit: Commit) -> list[ShardRef]:
+        return [ShardRef(commit.batch_id, i, s.bucket, s.rows) for i, s in enumerate(commit.shards)]
+
+    def _record(self, consumed_upto: int, force: bool = False) -> None:
+        group = self.options.consumer_group
+        if group is None:
+            return
+        if not force and time.monotonic() - self._recorded < self.options.record_every:
+            return
+        self.channel.record(
+            ConsumerPosition(
+                group,
+                self.world.rank,
+                self.world.world_size,
+                consumed_upto,
+                datetime.now(UTC).isoformat(),
+            )
+        )
+        self._recorded = time.monotonic()
+
+    def _start_epoch(self) -> None:
+        """Fix a finite epoch's commits and every rank's totals over them."""
+        if self.options.follow or self._upto is not None:
+            return
+        ids = self.channel.commit_ids()
+        self._upto = ids[-1] if ids else -1
+        commits = [self._refs(self.channel.commit(b)) for b in ids]
+        self._totals = rank_totals(commits, self.world.world_size)
+
+    def _next_commits(self, after: int) -> list[int]:
+        ids = [b for b in self.channel.commit_ids() if b > after]
+        if self._upto is not None:
+            ids = [b for b in ids if b <= self._upto]
+        return ids
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        options, world = self.options, self.world
+        self._start_epoch()
+        sizes = (
+            batch_sizes(self._totals, world.rank, options.batch_size)
+            if self._totals is not None
+            else None
+        )
+        planner = RankPlanner(
+            world.rank,
+            options.batch_size,
+            options.window,
+            options.seed,
+            self.epoch,
+            sizes=sizes,
+            shuffle=options.shuffle,
+        )
+        mark = self._mark
+        planner.restore(mark.counters)
+        before = list(mark.before or [0] * world.world_size)
+        materializer = _Materializer(self.channel, options.verify, self.stats)
+        resume_window: int | None = mark.window
+        self._record(mark.after, force=True)
+
+        def batches_of(commit: Commit) -> Iterator[pa.RecordBatch]:
+            nonlocal resume_window
+            refs = self._refs(commit)
+            spans = assign(
+                refs, world.world_size, before=before, seed=options.seed, epoch=self.epoch
+            )
+            mine = spans[world.rank]
+            materializer.expect(commit, mine)
+            for window, plans in planner.add(mine):
+                if resume_window is not None:
+                    if window.ident < resume_window:
+                        materializer.skip(window)  # read before the cursor was taken
+                        continue
+                    materializer.restore_carry(mark.carry)
+                    resume_window = None
+                self._mark.window, self._mark.carry = window.ident, materializer.carry_refs
+                for plan, batch in zip(plans, materializer.window(window, plans), strict=True):
+                    if plan.ordinal < self.position:
+                        continue  # yielded before the cursor was taken
+                    self.position = plan.ordinal + 1
+                    self.stats.batches += 1
+                    self.stats.rows += batch.num_rows
+                    yield batch
+
+        after = mark.after
+        while True:
+            ids = self._next_commits(after)
+            if not ids:
+                if not options.follow:
+                    break
+                if self.channel.closed() and not self._next_commits(after):
+                    for window, plans in planner.finish(before):
+                        self._mark.window, self._mark.carry = window.ident, materializer.carry_refs
+                        for plan, batch in zip(
+                            plans, materializer.window(window, plans), strict=True
+                        ):
+                            self.position = plan.ordinal + 1
+                            self.stats.batches += 1
+                            self.stats.rows += batch.num_rows
+                            yield batch
+                    break
+                time.sleep(options.poll_interval)
+                continue
+            for batch_id in ids:
+                commit = self.channel.commit(batch_id)
+                counters = planner.counters()
+                self._mark = _Mark(
+                    after, list(before), counters, counters[0], materializer.carry_refs
+                )
+                yield from batches_of(commit)
+                share = targets(commit.rows, before)
+                before = [b + s for b, s in zip(before, share, strict=True)]
+                after = batch_id
+                carried = materializer.carry_refs
+                oldest = int(carried[:, 0].min()) if len(carried) else None
+                self._record(after if oldest is None else min(after, oldest - 1))
+        self.stats.undelivered = planner.undelivered
+        self._record(after, force=True)
+        self.set_epoch(self.epoch + 1)

@@ -1,0 +1,96 @@
+"""Shard files: Arrow IPC with LZ4/ZSTD buffers (or none), checksummed, memory-mapped on read."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+from pyarrow import fs as pafs
+
+from flow.errors import HandoffError, ShardCorruptError
+from flow.handoff.format import ShardInfo
+from flow.storage import Location
+
+__all__ = ["fixed_size_lists", "read_shard", "write_shard"]
+
+COMPRESSIONS = (None, "lz4", "zstd")
+
+
+def fixed_size_lists(table: pa.Table, sizes: dict[str, int]) -> pa.Table:
+    """``list`` columns named in ``sizes`` as ``fixed_size_list`` of that size.
+
+    A fixed-size list is one contiguous values buffer: the reader hands a whole feature block
+    (rows x width) to numpy and torch without a copy per column or per row.
+    """
+    for name, size in sizes.items():
+        if name not in table.column_names:
+            continue
+        column = table.column(name).combine_chunks()
+        if pa.types.is_fixed_size_list(column.type):
+            continue
+        if column.null_count:
+            raise HandoffError(f"column {name!r} has null lists; a feature block cannot be null")
+        lengths = pc.list_value_length(column)
+        if len(column) and (pc.min(lengths).as_py() != size or pc.max(lengths).as_py() != size):
+            raise HandoffError(
+                f"column {name!r} has lists of {pc.min(lengths).as_py()}..{pc.max(lengths).as_py()}"
+                f" values; every row must have {size}"
+            )
+        fixed = pa.FixedSizeListArray.from_arrays(column.flatten(), size)
+        table = table.set_column(table.schema.get_field_index(name), name, fixed)
+    return table
+
+
+def write_shard(
+    folder: Location, name: str, table: pa.Table, compression: str | None, bucket: int
+) -> ShardInfo:
+    """Write ``table`` as one IPC file ``name`` under ``folder``; its ShardInfo."""
+    if compression not in COMPRESSIONS:
+        raise HandoffError(f"compression {compression!r} is unknown; use one of {COMPRESSIONS}")
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
+        writer.write_table(table, max_chunksize=max(1, table.num_rows))
+    data = sink.getvalue()
+    folder.write_bytes(name, data.to_pybytes())
+    return ShardInfo(
+        path=name,
+        bucket=bucket,
+        rows=table.num_rows,
+        bytes=data.size,
+        checksum=xxhash.xxh3_64_hexdigest(memoryview(data)),
+    )
+
+
+def read_shard(
+    channel: Location, info: ShardInfo, *, verify: bool = True, commit: int = -1
+) -> pa.Table:
+    """The shard's rows; memory-mapped (no copy) on local disk when uncompressed.
+
+    A missing, truncated or corrupted file raises ShardCorruptError naming its path.
+    """
+    path = f"{channel.path}/{info.path}"
+    where = f"{channel.uri}/{info.path}"
+    try:
+        if isinstance(channel.fs, pafs.LocalFileSystem):
+            buffer = pa.memory_map(path, "r").read_buffer()
+        else:
+            with channel.fs.open_input_file(path) as source:
+                buffer = source.read_buffer()
+    except (FileNotFoundError, OSError) as exc:
+        raise ShardCorruptError(f"shard {where} (batch {commit}) cannot be read: {exc}") from exc
+    if buffer.size != info.bytes:
+        raise ShardCorruptError(
+            f"shard {where} (batch {commit}) is {buffer.size} bytes, its commit says {info.bytes}: "
+            "the file is truncated or was replaced"
+        )
+    if verify and xxhash.xxh3_64_hexdigest(memoryview(buffer)) != info.checksum:
+        raise ShardCorruptError(
+            f"shard {where} (batch {commit}) does not match its checksum: the file is corrupt"
+        )
+    try:
+        return pa.ipc.open_file(pa.BufferReader(buffer)).read_all()
+    except pa.ArrowInvalid as exc:
+        raise ShardCorruptError(
+            f"shard {where} (batch {commit}) is not a valid Arrow file: {exc}"
+        ) from exc

@@ -1,0 +1,231 @@
+"""The handoff reader on real shard files (no Spark): every row once, resumable, followable."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flow.errors import ChannelNotFoundError, ConfigError, SchemaMismatchError, ShardCorruptError
+from flow.handoff import Channel, ChannelReader, Commit, MixedReader, ReadOptions, World
+
+SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.list_(pa.float32(), 3))])
+
+
+class Writer:
+    """Writes channels the way Spark tasks and the driver do, with numbered rows."""
+
+    def __init__(self, root: Path, name: str, buckets: int = 4, compression: str | None = "lz4"):
+        self.channel = Channel(str(root), name)
+        self.channel.create(SCHEMA, num_buckets=buckets, compression=compression)
+        self.buckets = buckets
+        self.next_id = 0
+        self.batch = 0
+
+    def commit(self, rows_per_shard: list[int]) -> list[int]:
+        shards, ids = [], []
+        for k, rows in enumerate(rows_per_shard):
+            values = np.arange(self.next_id, self.next_id + rows, dtype=np.int64)
+            ids.extend(values.tolist())
+            self.next_id += rows
+            x = np.repeat(values.astype(np.float32), 3)
+            table = pa.table(
+                {"id": values, "x": pa.FixedSizeListArray.from_arrays(pa.array(x), 3)},
+                schema=SCHEMA,
+            )
+            shards.append(self.channel.write_bucket(self.batch, k % self.buckets, table, f"t{k}"))
+        self.channel.add_commit(
+            Commit(self.channel.name, self.batch, tuple(shards), self.channel.meta().fingerprint)
+        )
+        self.batch += 1
+        return ids
+
+
+def read_ids(reader: ChannelReader, limit: int | None = None) -> list[list[int]]:
+    out = []
+    for batch in reader:
+        ids = batch.column("id").to_pylist()
+        assert batch.column("x").flatten().to_pylist() == [float(i) for i in ids for _ in range(3)]
+        out.append(ids)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def test_ranks_read_every_row_once_in_equal_batches(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "c", buckets=4)
+    written = w.commit([300, 120, 77, 513, 5]) + w.commit([1000, 1, 64, 64])
+    options = ReadOptions(batch_size=64, window_rows=512, seed=7)
+    per_rank = [
+        read_ids(ChannelReader(str(tmp_path), "c", world=World(r, 4), options=options))
+        for r in range(4)
+    ]
+    assert len({len(b) for b in per_rank}) == 1
+    assert Counter(i for rank in per_rank for b in rank for i in b) == Counter(written)
+
+
+def test_epochs_reshuffle_and_seeds_decide(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "c")
+    w.commit([500, 500, 500, 500])
+    reader = ChannelReader(str(tmp_path), "c", options=ReadOptions(batch_size=100, seed=1))
+    first, second = read_ids(reader), read_ids(reader)
+    assert first != second
+    assert sorted(i for b in first for i in b) == sorted(i for b in second for i in b)
+    again = ChannelReader(str(tmp_path), "c", options=ReadOptions(batch_size=100, seed=1))
+    assert read_ids(again) == first
+    assert reader.stats.shards_per_batch > 1
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(stop=st.integers(0, 60), follow=st.booleans(), world_size=st.sampled_from([1, 2]))
+def test_a_resumed_reader_continues_with_exactly_the_remaining_batches(
+    tmp_path_factory: pytest.TempPathFactory, stop: int, follow: bool, world_size: int
+) -> None:
+    root = tmp_path_factory.mktemp("resume")
+    w = Writer(root, "c", buckets=4)
+    for sizes in ([210, 90, 333], [17], [400, 400, 12, 7], [64, 65]):
+        w.commit(sizes)
+    if follow:
+        w.channel.close()
+    options = ReadOptions(batch_size=32, window_rows=200, seed=3, follow=follow)
+    for rank in range(world_size):
+        world = World(rank, world_size)
+        uninterrupted = ChannelReader(str(root), "c", world=world, options=options)
+        whole = read_ids(uninterrupted)
+        first = ChannelReader(str(root), "c", world=world, options=options)
+        head = read_ids(first, limit=stop) if stop else []
+        state = first.state_dict()
+        second = ChannelReader(str(root), "c", world=world, options=options)
+        second.load_state_dict(state)
+        if len(head) < len(whole):
+            assert head + read_ids(second) == whole
+        elif not follow:  # the whole epoch was read: the cursor points at the next epoch
+            assert read_ids(second) == read_ids(uninterrupted)
+
+
+def test_following_reads_commits_as_they_land_and_ends_when_closed(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "live", buckets=2)
+    written: list[int] = []
+    reader = ChannelReader(str(tmp_path), "live", options=ReadOptions(batch_size=50, follow=True))
+    got: list[int] = []
+    first_batch_at: list[float] = []
+
+    def consume() -> None:
+        for batch in reader:
+            first_batch_at.append(time.monotonic())
+            got.extend(batch.column("id").to_pylist())
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    time.sleep(0.3)
+    committed_at = time.monotonic()
+    written += w.commit([120, 80])
+    time.sleep(0.3)
+    written += w.commit([33, 17])
+    w.channel.close()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert sorted(got) == written  # one rank: everything, including the last partial batch
+    assert first_batch_at[0] - committed_at < 1.0
+
+
+def test_a_corrupted_or_truncated_shard_is_reported_with_its_path(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "c", compression=None)
+    w.commit([100, 100])
+    shard = tmp_path / "c" / w.channel.commit(0).shards[1].path
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ShardCorruptError, match=rf"{shard.name}.*does not match its checksum"):
+        read_ids(ChannelReader(str(tmp_path), "c", options=ReadOptions(batch_size=10)))
+    shard.write_bytes(bytes(data[:100]))
+    with pytest.raises(ShardCorruptError, match=rf"{shard.name}.*truncated"):
+        read_ids(ChannelReader(str(tmp_path), "c", options=ReadOptions(batch_size=10)))
+
+
+def test_wrong_schema_and_missing_channels_fail_before_the_first_batch(tmp_path: Path) -> None:
+    Writer(tmp_path, "c").commit([10])
+    expected = pa.schema([("id", pa.int64()), ("y", pa.float32())])
+    with pytest.raises(SchemaMismatchError, match=r"missing y; unexpected x"):
+        ChannelReader(str(tmp_path), "c", expected_schema=expected)
+    with pytest.raises(ChannelNotFoundError, match=r"no channel 'live'.*channels there: c"):
+        ChannelReader(str(tmp_path), "live")
+    with pytest.raises(ChannelNotFoundError, match="does not exist"):
+        ChannelReader(str(tmp_path / "nowhere"), "c")
+    with pytest.raises(ConfigError, match="cannot split 4 buckets"):
+        ChannelReader(str(tmp_path), "c", world=World(0, 3))
+
+
+def test_a_replayed_commit_changes_nothing(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "c")
+    w.commit([10, 10])
+    commit = w.channel.commit(0)
+    assert not w.channel.add_commit(commit)
+    assert w.channel.commit_ids() == [0]
+
+
+def test_retention_deletes_what_every_consumer_read_and_backpressure_waits(tmp_path: Path) -> None:
+    channel = Channel(str(tmp_path), "live")
+    channel.create(SCHEMA, num_buckets=1, max_unconsumed_bytes=1)
+    w = Writer.__new__(Writer)
+    w.channel, w.buckets, w.next_id, w.batch = channel, 1, 0, 0
+    w.commit([100])
+    w.commit([100])
+    options = ReadOptions(batch_size=10, follow=True, consumer_group="trainer", record_every=0)
+    reader = ChannelReader(str(tmp_path), "live", options=options)
+    iterator = iter(reader)
+    assert next(iterator) is not None
+    assert channel.unconsumed_bytes() > 1  # nothing fully read yet
+    waited: list[float] = []
+    blocker = threading.Thread(target=lambda: waited.append(channel.wait_for_room(poll=0.05)))
+    blocker.start()
+    time.sleep(0.3)
+    assert blocker.is_alive(), "the writer must wait while the consumer lags"
+    channel.close()
+    for _ in iterator:
+        pass
+    blocker.join(timeout=10)
+    assert waited
+    assert waited[0] > 0.2
+    assert all(channel.retired(b) for b in channel.commit_ids())
+    assert not list((tmp_path / "live" / "shards").rglob("*.arrow"))
+
+
+def test_weights_mix_channels_in_proportion_and_priority_in_order(tmp_path: Path) -> None:
+    a = Writer(tmp_path, "a")
+    a.commit([2000] * 4)
+    b = Writer(tmp_path, "b")
+    b.commit([2000] * 4)
+    options = ReadOptions(batch_size=20, seed=5)
+
+    def readers() -> dict[str, ChannelReader]:
+        return {n: ChannelReader(str(tmp_path), n, options=options) for n in ("a", "b")}
+
+    mix = MixedReader(readers(), weights={"a": 3.0, "b": 1.0}, seed=9)
+    sources = []
+    iterator = iter(mix)
+    for _ in range(400):
+        next(iterator)
+        sources.append(mix.last_channel)
+    share = sources.count("a") / len(sources)
+    assert 0.68 < share < 0.82
+
+    state = mix.state_dict()
+    rest = [mix.last_channel for _ in iterator for _ in [0]]
+    resumed = MixedReader(readers(), weights={"a": 3.0, "b": 1.0}, seed=9)
+    resumed.load_state_dict(state)
+    again = [resumed.last_channel for _ in resumed for _ in [0]]
+    assert again == rest
+
+    ordered = MixedReader(readers(), priority=["b", "a"])
+    channels = [ordered.last_channel for _ in ordered for _ in [0]]
+    assert channels == ["b"] * 400 + ["a"] * 400
