@@ -356,15 +356,10 @@ class ChannelReader:
         resume_window: int | None = mark.window
         self._record(mark.after, force=True)
 
-        def batches_of(commit: Commit) -> Iterator[pa.RecordBatch]:
+        def run(windows: Iterator[tuple[Window, list[BatchPlan]]]) -> Iterator[pa.RecordBatch]:
+            """Materialize and yield windows, picking up where a loaded cursor left off."""
             nonlocal resume_window
-            refs = self._refs(commit)
-            spans = assign(
-                refs, world.world_size, before=before, seed=options.seed, epoch=self.epoch
-            )
-            mine = spans[world.rank]
-            materializer.expect(commit, mine)
-            for window, plans in planner.add(mine):
+            for window, plans in windows:
                 if resume_window is not None:
                     if window.ident < resume_window:
                         materializer.skip(window)  # read before the cursor was taken
@@ -380,6 +375,17 @@ class ChannelReader:
                     self.stats.rows += batch.num_rows
                     yield batch
 
+        def batches_of(commit: Commit) -> Iterator[pa.RecordBatch]:
+            spans = assign(
+                self._refs(commit),
+                world.world_size,
+                before=before,
+                seed=options.seed,
+                epoch=self.epoch,
+            )
+            materializer.expect(commit, spans[world.rank])
+            yield from run(planner.add(spans[world.rank]))
+
         after = mark.after
         while True:
             ids = self._next_commits(after)
@@ -387,15 +393,7 @@ class ChannelReader:
                 if not options.follow:
                     break
                 if self.channel.closed() and not self._next_commits(after):
-                    for window, plans in planner.finish(before):
-                        self._mark.window, self._mark.carry = window.ident, materializer.carry_refs
-                        for plan, batch in zip(
-                            plans, materializer.window(window, plans), strict=True
-                        ):
-                            self.position = plan.ordinal + 1
-                            self.stats.batches += 1
-                            self.stats.rows += batch.num_rows
-                            yield batch
+                    yield from run(planner.finish(before))
                     break
                 time.sleep(options.poll_interval)
                 continue

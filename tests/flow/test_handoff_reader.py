@@ -84,7 +84,7 @@ def test_epochs_reshuffle_and_seeds_decide(tmp_path: Path) -> None:
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(stop=st.integers(0, 60), follow=st.booleans(), world_size=st.sampled_from([1, 2]))
 def test_a_resumed_reader_continues_with_exactly_the_remaining_batches(
@@ -100,16 +100,15 @@ def test_a_resumed_reader_continues_with_exactly_the_remaining_batches(
     for rank in range(world_size):
         world = World(rank, world_size)
         uninterrupted = ChannelReader(str(root), "c", world=world, options=options)
-        whole = read_ids(uninterrupted)
+        reference = read_ids(uninterrupted) + read_ids(uninterrupted)  # epochs 0 and 1
         first = ChannelReader(str(root), "c", world=world, options=options)
         head = read_ids(first, limit=stop) if stop else []
-        state = first.state_dict()
         second = ChannelReader(str(root), "c", world=world, options=options)
-        second.load_state_dict(state)
-        if len(head) < len(whole):
-            assert head + read_ids(second) == whole
-        elif not follow:  # the whole epoch was read: the cursor points at the next epoch
-            assert read_ids(second) == read_ids(uninterrupted)
+        second.load_state_dict(first.state_dict())
+        # Two more passes cover every case: stopped inside epoch 0, right after its last batch
+        # (the next pass is empty) or after it ended (the cursor is at epoch 1).
+        resumed = head + read_ids(second) + read_ids(second)
+        assert resumed[: len(reference)] == reference
 
 
 def test_following_reads_commits_as_they_land_and_ends_when_closed(tmp_path: Path) -> None:
@@ -135,7 +134,8 @@ def test_following_reads_commits_as_they_land_and_ends_when_closed(tmp_path: Pat
     thread.join(timeout=30)
     assert not thread.is_alive()
     assert sorted(got) == written  # one rank: everything, including the last partial batch
-    assert first_batch_at[0] - committed_at < 1.0
+    # (how soon a commit's first batch arrives is measured by `flow bench handoff`, not here)
+    assert first_batch_at[0] > committed_at
 
 
 def test_a_corrupted_or_truncated_shard_is_reported_with_its_path(tmp_path: Path) -> None:
