@@ -48,6 +48,7 @@ ENV_VARS: Mapping[str, str] = {
     "FLOW_CATALOG_PROPERTIES": "extra catalog properties, comma-separated key=value pairs",
     "FLOW_LAKE": "root of path-based Delta tables (default $FLOW_HOME/lake/delta)",
     "FLOW_FEATURE_STATE": "where fitted feature states go, path or URI ($FLOW_HOME/feature-state)",
+    "FLOW_HANDOFF": "root of handoff locations, a path or URI (default $FLOW_HOME/handoff)",
     "FLOW_MLFLOW_PORT": "port of the local MLflow server (default 15000)",
     "MLFLOW_TRACKING_URI": "an external MLflow tracking server (unset: the local one)",
     "FLOW_SPARK_MASTER": "Spark master when not launched by spark-submit (default local[*])",
@@ -203,6 +204,8 @@ class StackConfig:
     """Root folder of path-based Delta tables."""
     feature_state: str
     """Where fitted feature states are saved and loaded: a path or a pyarrow.fs URI."""
+    handoff: str
+    """Root of handoff locations (one per pipeline namespace): a path or a pyarrow.fs URI."""
 
     @property
     def services_dir(self) -> Path:
@@ -296,4 +299,5 @@ class StackConfig:
             spark=spark,
             lake=Path(env.get("FLOW_LAKE") or lake_root / "delta").expanduser().resolve(),
             feature_state=env.get("FLOW_FEATURE_STATE") or str(home / "feature-state"),
+            handoff=env.get("FLOW_HANDOFF") or str(home / "handoff"),
         )

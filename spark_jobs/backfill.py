@@ -15,13 +15,20 @@ from pyspark.sql import functions as F
 
 from flow.config import StackConfig
 from flow.errors import ConfigError
-from flow.pipeline.model import BackfillStage, Pipeline
+from flow.pipeline.model import BackfillStage, HandoffOutput, Pipeline
 from flow.pipeline.sources import DeltaSource, IcebergSource, TableSource
 from flow.pipeline.state import FeatureState, states_location
 from spark_jobs.features import fit_state, training_rows
+from spark_jobs.handoff import export
 from spark_jobs.joins import enrich, label_batch
 from spark_jobs.report import StageReport
-from spark_jobs.rows import dead_letter_table, split_unusable, training_table
+from spark_jobs.rows import (
+    channel_for,
+    dead_letter_table,
+    export_options,
+    split_unusable,
+    training_table,
+)
 from spark_jobs.sinks import DEAD_LETTER_SCHEMA, dead_letter_rows, ensure_table
 from spark_jobs.sources import read_table
 from spark_jobs.validate import REASON, split, validate_table
@@ -50,6 +57,62 @@ def _counts(checked: DataFrame) -> tuple[int, int]:
         F.count(F.lit(1)).alias("n"), F.sum((F.col(REASON) != "").cast("int")).alias("bad")
     ).first()
     return (int(row["n"]), int(row["bad"] or 0)) if row else (0, 0)
+
+
+def _to_handoff(
+    training: DataFrame,
+    pipeline: Pipeline,
+    stage: BackfillStage,
+    stack: StackConfig,
+    state: FeatureState,
+    events: TableSource,
+    report: StageReport,
+    progress: Progress,
+) -> None:
+    """Commit the stage's rows to its channel, once per set of source snapshots.
+
+    Running again over the same snapshots changes nothing. An incremental read
+    (``since_snapshot``) adds a commit; a full read of other snapshots is refused, since it
+    would add the rows already there a second time.
+    """
+    channel = channel_for(stack, pipeline, stage.channel)
+    report.table = channel.folder.uri
+    positions = dict(report.lineage)
+    ids = channel.commit_ids() if channel.exists() else []
+    for batch_id in ids:
+        earlier = channel.commit(batch_id)
+        if earlier.source_positions == positions:
+            report.training_rows = earlier.rows
+            report.positives = int(earlier.stats.get("positives", 0))
+            progress(f"{stage.name}: batch {batch_id} of {channel.name} already holds these rows")
+            return
+    incremental = isinstance(events, IcebergSource) and events.since_snapshot is not None
+    if ids and not incremental:
+        raise ConfigError(
+            f"channel {channel.name!r} in {channel.root} already holds a backfill of other "
+            f"snapshots ({channel.commit(ids[-1]).source_positions}); a full backfill would add "
+            "those rows again. Read incrementally (IcebergSource(since_snapshot=...)), or write "
+            "to a new channel or handoff location"
+        )
+    batch_id = ids[-1] + 1 if ids else 0
+    training = training.persist()
+    positives = training.agg(F.sum("label")).first()
+    count = int(positives[0]) if positives is not None and positives[0] is not None else 0
+    options = export_options(pipeline, stage.features, state, events.event_time, seed=batch_id)
+    commit = export(
+        training,
+        channel,
+        batch_id,
+        options=options,
+        writer=f"{pipeline.name}.{stage.name}",
+        source_positions=positions,
+        stats={"positives": count},
+        progress=progress,
+    )
+    training.unpersist()
+    if commit is not None:
+        report.training_rows = commit.rows
+        report.positives = count
 
 
 def run_backfill(
@@ -115,17 +178,21 @@ def run_backfill(
         state = FeatureState.load(states, spec, feature_state)
     report.feature_state = state.version
 
-    table = training_table(stack, pipeline, stage.channel)
-    report.table = table
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {stack.catalog.name}.{pipeline.namespace}")
-    training_rows(usable, spec, state).writeTo(table).using("iceberg").createOrReplace()
-    written = (
-        spark.table(table)
-        .agg(F.count(F.lit(1)).alias("n"), F.sum("label").alias("positives"))
-        .first()
-    )
-    report.training_rows = int(written["n"]) if written else 0
-    report.positives = int(written["positives"] or 0) if written else 0
+    training = training_rows(usable, spec, state)
+    if isinstance(pipeline.output, HandoffOutput):
+        _to_handoff(training, pipeline, stage, stack, state, events_source, report, progress)
+    else:
+        table = training_table(stack, pipeline, stage.channel)
+        report.table = table
+        training.writeTo(table).using("iceberg").createOrReplace()
+        written = (
+            spark.table(table)
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("label").alias("positives"))
+            .first()
+        )
+        report.training_rows = int(written["n"]) if written else 0
+        report.positives = int(written["positives"] or 0) if written else 0
 
     dead_table = dead_letter_table(stack, pipeline)
     ensure_table(spark, dead_table, DEAD_LETTER_SCHEMA, "stage")
@@ -141,6 +208,6 @@ def run_backfill(
     report.seconds = time.monotonic() - started
     progress(
         f"{stage.name}: {report.training_rows:,} training rows, "
-        f"{report.events_dead:,} dead letters -> {table}"
+        f"{report.events_dead:,} dead letters -> {report.table}"
     )
     return report, state

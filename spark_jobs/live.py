@@ -35,8 +35,9 @@ from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource
 from flow.pipeline.state import FeatureState, states_location
 from spark_jobs.features import Featurizer
 from spark_jobs.joins import enrich, label_stream
+from spark_jobs.outputs import training_sink
 from spark_jobs.report import StageReport
-from spark_jobs.rows import dead_letter_table, split_unusable, training_table
+from spark_jobs.rows import dead_letter_table, split_unusable
 from spark_jobs.sinks import (
     DEAD_LETTER_SCHEMA,
     BatchLedger,
@@ -223,8 +224,17 @@ def run_live(
     checkpoint = stack.checkpoints / pipeline.namespace / pipeline.name / stage.name
     writer = _writer_id(checkpoint, pipeline, stage)
     report.lineage["writer"] = writer
-    train_table = training_table(stack, pipeline, stage.channel)
-    report.table = train_table
+    sink = training_sink(
+        spark,
+        stack,
+        pipeline,
+        stage,
+        state,
+        writer=writer,
+        event_time=events_source.event_time,
+        checkpoint=checkpoint / "main",
+    )
+    report.table = sink.where
     dead_table = dead_letter_table(stack, pipeline)
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {stack.catalog.name}.{pipeline.namespace}")
     ensure_table(spark, dead_table, DEAD_LETTER_SCHEMA, "stage")
@@ -291,11 +301,10 @@ def run_live(
     featurizer = Featurizer(spark, spec, state)
     dimensions = _Dimensions(spark, stack, pipeline)
 
-    main_ledger = BatchLedger(spark, train_table, f"{writer}/main")
     unusable_ledger = BatchLedger(spark, dead_table, f"{writer}/unusable")
 
     def write_main(batch: DataFrame, batch_id: int) -> None:
-        if batch_id <= min(main_ledger.last, unusable_ledger.last):
+        if batch_id <= min(sink.last, unusable_ledger.last):
             return  # a replay of a batch already committed in full
         # Every action on `batch` would run the stateful join again: compute it once.
         joined = batch.persist()
@@ -306,11 +315,8 @@ def run_live(
         enriched = enriched.persist()
         usable, unusable = split_unusable(enriched, spec, stage.events)
         training = featurizer.apply(usable).persist()
-        if main_ledger.last < 0 and not spark.catalog.tableExists(train_table):
-            training.limit(0).writeTo(train_table).using("iceberg").create()
         positives = training.agg(F.sum("label")).first()
-        count = {"flow.positives": int(positives[0] or 0) if positives else 0}
-        main_ledger.append(training, batch_id, count)
+        sink.append(training, batch_id, int(positives[0] or 0) if positives else 0)
         unusable_ledger.append(dead_letter_rows(unusable, pipeline.name, stage.name), batch_id)
         for frame in (training, enriched, joined):
             frame.unpersist()
@@ -339,14 +345,12 @@ def run_live(
         dimensions.release()
 
     intake_totals = writer_totals(spark, dead_table, f"{writer}/intake")
-    main_totals = writer_totals(spark, train_table, f"{writer}/main")
+    report.training_rows, report.positives = sink.totals()
     unusable_totals = writer_totals(spark, dead_table, f"{writer}/unusable")
     report.events_input = intake_totals[f"flow.input.{stage.events}"]
     report.events_dead = (
         intake_totals[f"flow.dead.{stage.events}"] + unusable_totals["added-records"]
     )
-    report.training_rows = main_totals["added-records"]
-    report.positives = main_totals["flow.positives"]
     if label:
         report.labels_input = intake_totals[f"flow.input.{label.source}"]
         report.labels_dead = intake_totals[f"flow.dead.{label.source}"]

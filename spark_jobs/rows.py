@@ -1,4 +1,5 @@
-"""Table names of a pipeline, and the last check before a row becomes a training row."""
+"""Where a pipeline's rows go (handoff channels, tables), and the last check before a row
+becomes a training row."""
 
 from __future__ import annotations
 
@@ -6,11 +7,20 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from flow.config import StackConfig
+from flow.handoff import Channel
 from flow.pipeline.features import FeatureSpec
-from flow.pipeline.model import Pipeline
+from flow.pipeline.model import HandoffOutput, Pipeline
+from flow.pipeline.state import FeatureState, layout
+from spark_jobs.handoff import ExportOptions
 from spark_jobs.validate import REASON
 
-__all__ = ["dead_letter_table", "split_unusable", "training_table"]
+__all__ = [
+    "channel_for",
+    "dead_letter_table",
+    "export_options",
+    "split_unusable",
+    "training_table",
+]
 
 
 def training_table(stack: StackConfig, pipeline: Pipeline, channel: str) -> str:
@@ -20,6 +30,39 @@ def training_table(stack: StackConfig, pipeline: Pipeline, channel: str) -> str:
 
 def dead_letter_table(stack: StackConfig, pipeline: Pipeline) -> str:
     return f"{stack.catalog.name}.{pipeline.namespace}.dead_letters"
+
+
+def channel_for(stack: StackConfig, pipeline: Pipeline, channel: str) -> Channel:
+    """The handoff channel a stage writes: ``$FLOW_HANDOFF/<namespace>/<channel>`` by default."""
+    output = pipeline.output
+    root = (output.location if isinstance(output, HandoffOutput) else None) or (
+        f"{stack.handoff.rstrip('/')}/{pipeline.namespace}"
+    )
+    return Channel(root, channel)
+
+
+def export_options(
+    pipeline: Pipeline, spec: FeatureSpec, state: FeatureState, event_time: str | None, seed: int
+) -> ExportOptions:
+    """How a stage's training rows become shards: the pipeline's output, the spec's layout."""
+    output = pipeline.output
+    if not isinstance(output, HandoffOutput):
+        raise TypeError("the pipeline writes Iceberg tables, not the handoff")
+    rows = layout(spec, state)
+    sizes = {"dense": len(rows.dense), "sparse": len(rows.sparse)}
+    sizes |= {f"seq_{name}": length for name, _, length in rows.sequences}
+    return ExportOptions(
+        num_buckets=output.num_buckets,
+        compression=output.compression,
+        shuffle_key=output.shuffle_key,
+        seed=seed,
+        max_rows_per_shard=output.max_rows_per_shard,
+        event_time=event_time if event_time in spec.passthrough else None,
+        fixed_sizes={k: v for k, v in sizes.items() if v > 0},
+        layout=rows.to_dict(),
+        feature_state=state.version,
+        max_unconsumed_bytes=output.max_unconsumed_bytes,
+    )
 
 
 def _unusable(spec: FeatureSpec) -> Column:

@@ -9,7 +9,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import pyarrow as pa
+
 from flow.config import ENV_VARS
+from flow.handoff import ChannelReader, ReadOptions
 
 REPO = Path(__file__).resolve().parents[1]
 FLOW_BIN = str(Path(sys.executable).with_name("flow"))
@@ -57,4 +60,15 @@ def run_flow(
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def handoff_rows(where: str, channel: str) -> pa.Table:
+    """Every committed row of a handoff channel, read by one unshuffled rank."""
+    reader = ChannelReader(where, channel, options=ReadOptions(batch_size=1024, shuffle=False))
+    batches = list(reader)
+    return (
+        pa.Table.from_batches(batches, schema=reader.schema)
+        if batches
+        else reader.schema.empty_table()
     )

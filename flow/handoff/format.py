@@ -79,6 +79,10 @@ class Commit:
     """Kafka offsets, Iceberg snapshot ids: what this batch read."""
     event_time: dict[str, str | None] = field(default_factory=dict)
     """{"min": ..., "max": ...} of the rows' event time, ISO strings."""
+    writer: str = ""
+    """Who committed: one writer per channel, so reset batch ids cannot pass for replays."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """Small facts about the rows (e.g. positives) a report wants without reading them."""
     format: int = FORMAT_VERSION
 
     @property

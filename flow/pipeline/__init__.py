@@ -15,7 +15,17 @@ from flow.pipeline.features import (
     Sequence,
     Vocabulary,
 )
-from flow.pipeline.model import BackfillStage, Enrich, LabelJoin, LiveStage, Pipeline, Stage
+from flow.pipeline.model import (
+    BackfillStage,
+    Enrich,
+    HandoffOutput,
+    LabelJoin,
+    LiveStage,
+    Output,
+    Pipeline,
+    Stage,
+    TableOutput,
+)
 from flow.pipeline.run import RunOptions
 from flow.pipeline.schema import Field
 from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
@@ -31,6 +41,7 @@ __all__ = [
     "FeatureSpec",
     "FeatureState",
     "Field",
+    "HandoffOutput",
     "Hashed",
     "IcebergSource",
     "KafkaSource",
@@ -38,11 +49,13 @@ __all__ = [
     "Layout",
     "LiveStage",
     "Numeric",
+    "Output",
     "Pipeline",
     "RunOptions",
     "Sequence",
     "Source",
     "Stage",
+    "TableOutput",
     "Vocabulary",
     "layout",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from flow.errors import ConfigError
 from flow.pipeline.features import (
@@ -22,7 +23,17 @@ from flow.pipeline.features import (
 from flow.pipeline.schema import Field, check_identifier, check_interval
 from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
 
-__all__ = ["BackfillStage", "Enrich", "LabelJoin", "LiveStage", "Pipeline", "Stage"]
+__all__ = [
+    "BackfillStage",
+    "Enrich",
+    "HandoffOutput",
+    "LabelJoin",
+    "LiveStage",
+    "Output",
+    "Pipeline",
+    "Stage",
+    "TableOutput",
+]
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,39 @@ class LiveStage:
 Stage = BackfillStage | LiveStage
 
 
+@dataclass(frozen=True)
+class HandoffOutput:
+    """Training rows go to the handoff: one channel per stage, read by the trainers.
+
+    The location is ``$FLOW_HANDOFF/<namespace>`` unless ``location`` says otherwise.
+    """
+
+    location: str | None = None
+    num_buckets: int = 64
+    """Buckets rows are hashed into; a trainer's world size must divide it."""
+    compression: Literal["lz4", "zstd"] | None = "lz4"
+    shuffle_key: str | None = None
+    """Hash this passthrough column into buckets (rows with one key stay together); default: a
+    random value, which spreads rows evenly."""
+    max_unconsumed_bytes: int | None = None
+    """Backpressure: a stage waits while consumers have more than this left to read."""
+    max_rows_per_shard: int = 256_000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_buckets <= 65536:
+            raise ConfigError(f"HandoffOutput.num_buckets={self.num_buckets}: use 1..65536")
+        if self.max_rows_per_shard < 1:
+            raise ConfigError("HandoffOutput.max_rows_per_shard must be at least 1")
+
+
+@dataclass(frozen=True)
+class TableOutput:
+    """Training rows go to the Iceberg table ``<namespace>.training_<channel>`` instead."""
+
+
+Output = HandoffOutput | TableOutput
+
+
 def _names(mapping: Mapping[str, object]) -> str:
     return ", ".join(sorted(mapping)) or "none"
 
@@ -113,6 +157,8 @@ class Pipeline:
     """Iceberg namespace of the pipeline's own tables (dead letters, training rows)."""
     sources: Mapping[str, Source]
     stages: tuple[Stage, ...]
+    output: Output = field(default_factory=HandoffOutput)
+    """Where training rows go: the handoff (default) or Iceberg tables."""
     columns: dict[str, dict[str, Field]] = field(init=False, repr=False, compare=False)
     """Per stage: the columns available to its features (filled in by validation)."""
 
@@ -139,6 +185,13 @@ class Pipeline:
                 )
             channels[stage.channel] = stage.name
             columns[stage.name] = self._check_stage(stage)
+            key = self.output.shuffle_key if isinstance(self.output, HandoffOutput) else None
+            passthrough = stage.features.passthrough
+            if key is not None and key not in passthrough:
+                raise ConfigError(
+                    f"HandoffOutput.shuffle_key={key!r} is not a passthrough column of stage "
+                    f"{stage.name!r} (passthrough: {', '.join(passthrough) or 'none'})"
+                )
         object.__setattr__(self, "columns", columns)
 
     def stage(self, name: str) -> Stage:

@@ -17,7 +17,7 @@ from flow.datagen.ctr import World
 from flow.datagen.load import produce_stream, write_history
 from flow.pipeline.state import FeatureState, layout, states_location
 from pipelines.ctr import ctr_features
-from tests.support import run_flow
+from tests.support import handoff_rows, run_flow
 
 pytestmark = pytest.mark.integration
 
@@ -72,17 +72,16 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
     assert backfill.returncode == 0, output[-4000:]
 
     catalog = open_catalog(running_stack.catalog)
-    rows = catalog.load_table("ctr.training_backfill").scan().to_arrow().sort_by("ts")
+    handoff = f"{running_stack.handoff}/ctr"
+    rows = handoff_rows(handoff, "backfill").sort_by("ts")
     assert len(rows) == history.impressions  # the generator's history is all valid
     assert pc.sum(rows.column("label")).as_py() == history.clicks - history.late_clicks
     state = FeatureState.load(states_location(running_stack, "ctr"), ctr_features())
     sizes = [cardinality for _, cardinality in layout(ctr_features(), state).sparse]
-    learned = logistic_auc(
-        np.array(rows.column("sparse").to_pylist()),
-        np.array(rows.column("dense").to_pylist(), dtype=np.float32),
-        rows.column("label").to_numpy() > 0.5,
-        sizes,
-    )
+    # The feature blocks are fixed-size lists: one buffer each, reshaped without copying rows.
+    sparse = rows.column("sparse").combine_chunks().flatten().to_numpy().reshape(len(rows), -1)
+    dense = rows.column("dense").combine_chunks().flatten().to_numpy().reshape(len(rows), -1)
+    learned = logistic_auc(sparse, dense, rows.column("label").to_numpy() > 0.5, sizes)
     assert learned > 0.6, f"a model on the training rows reached only AUC {learned:.3f}"
 
     stream = produce_stream(
@@ -100,7 +99,7 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
 
     dead = catalog.load_table("ctr.dead_letters").scan(row_filter="stage == 'live'").to_arrow()
     assert len(dead) == sum(stream.malformed.values())
-    live_rows = catalog.load_table("ctr.training_live").scan().to_arrow()
+    live_rows = handoff_rows(handoff, "live")
     ids = live_rows.column("impression_id").to_pylist()
     assert len(ids) == len(set(ids))
     # Impressions in the last 40 minutes (30-minute window + 10-minute watermark) may still wait.

@@ -21,6 +21,8 @@ from pyspark.sql import functions as F
 
 from flow.catalog import open_catalog
 from flow.config import StackConfig
+from flow.errors import ConfigError
+from flow.handoff import Channel
 from flow.kafka import ensure_topics, producer
 from flow.pipeline import (
     BackfillStage,
@@ -37,6 +39,7 @@ from flow.pipeline import (
     Pipeline,
     RunOptions,
     Source,
+    TableOutput,
     Vocabulary,
 )
 from flow.pipeline.state import FeatureState, states_location
@@ -47,6 +50,7 @@ from spark_jobs.report import StageReport
 from spark_jobs.rows import dead_letter_table, training_table
 from spark_jobs.sinks import BatchLedger, append_once, writer_totals
 from spark_jobs.validate import parse_kafka
+from tests.support import handoff_rows
 
 pytestmark = pytest.mark.integration
 
@@ -218,9 +222,12 @@ def world(running_stack: StackConfig) -> World:
     return w
 
 
-def rows_of(spark: SparkSession, table: str) -> dict[str, dict[str, Any]]:
-    spark.catalog.refreshTable(table)
-    found = [r.asDict() for r in spark.table(table).collect()]
+def rows_of(world: World, channel: str) -> dict[str, dict[str, Any]]:
+    """The channel's training rows by id (never more than one per id)."""
+    where = f"{world.stack.handoff}/{world.ns}"
+    if not Channel(where, channel).exists():
+        return {}
+    found = handoff_rows(where, channel).to_pylist()
     ids = [r["id"] for r in found]
     assert len(ids) == len(set(ids)), f"duplicated training rows: {sorted(ids)}"
     return {r["id"]: r for r in found}
@@ -248,7 +255,7 @@ def test_backfill_labels_validates_enriches_fits_and_reconciles(
     assert (report.events_input, report.events_dead, report.training_rows) == (8, 3, 5)
     assert (report.labels_input, report.labels_dead) == (6, 1)
     assert report.reconciled
-    rows = rows_of(spark, training_table(world.stack, pipeline, "backfill"))
+    rows = rows_of(world, "backfill")
     assert {k: r["label"] for k, r in rows.items()} == {
         "i1": 1.0,
         "i2": 0.0,
@@ -274,6 +281,30 @@ def test_backfill_labels_validates_enriches_fits_and_reconciles(
     again, _ = run_backfill(spark, pipeline, stage, world.stack)
     assert (again.training_rows, again.events_dead) == (5, 3)
     assert len(dead_reasons(spark, world, "backfill")) == 4, "a rerun replaces, never adds"
+    assert len(rows_of(world, "backfill")) == 5, "the same snapshots are committed once"
+    channel = Channel(f"{world.stack.handoff}/{world.ns}", "backfill")
+    assert channel.commit_ids() == [0]
+    assert channel.meta().layout is not None
+    assert channel.meta().feature_state == state.version
+
+
+def test_a_full_backfill_of_new_snapshots_is_refused_and_tables_remain_an_option(
+    spark: SparkSession, world: World
+) -> None:
+    pipeline = world.pipeline()
+    stage = pipeline.stage("backfill")
+    assert isinstance(stage, BackfillStage)
+    run_backfill(spark, pipeline, stage, world.stack)
+    world.users(segment_of_1="q")  # a new snapshot of a source: other rows, same channel
+    with pytest.raises(ConfigError, match="a full backfill would add those rows again"):
+        run_backfill(spark, pipeline, stage, world.stack)
+    tables = replace(pipeline, output=TableOutput())
+    report, _ = run_backfill(spark, tables, stage, world.stack)
+    assert (
+        spark.table(training_table(world.stack, tables, "backfill")).count()
+        == report.training_rows
+        == 5
+    )
 
 
 def test_features_and_parsing_run_no_python_per_row(spark: SparkSession, world: World) -> None:
@@ -366,12 +397,9 @@ def test_a_live_stage_labels_late_clicks_sees_dimension_updates_and_reconciles(
 ) -> None:
     world = live_world
     pipeline = world.pipeline(trigger="1 second")
-    table = training_table(world.stack, pipeline, "live")
 
     def ids() -> set[str]:
-        if not spark.catalog.tableExists(table):
-            return set()
-        return set(rows_of(spark, table))
+        return set(rows_of(world, "live"))
 
     run = LiveRun(spark, world, pipeline)
     try:
@@ -407,7 +435,7 @@ def test_a_live_stage_labels_late_clicks_sees_dimension_updates_and_reconciles(
     finally:
         report = run.finish()
 
-    rows = rows_of(spark, table)
+    rows = rows_of(world, "live")
     assert {k: r["label"] for k, r in rows.items()} == {"e1": 1.0, "e2": 0.0, "e3": 1.0, "e10": 0.0}
     assert rows["e1"]["user_segment"] == "a"
     assert rows["e10"]["user_segment"] == "z", "the dimension update was not seen by the stream"
@@ -434,7 +462,7 @@ def test_a_live_stage_labels_late_clicks_sees_dimension_updates_and_reconciles(
     stage = pipeline.stage("live")
     assert isinstance(stage, LiveStage)
     resumed = run_live(spark, pipeline, replace(stage), world.stack, RunOptions())
-    assert set(rows_of(spark, table)) == {"e1", "e2", "e3", "e10", "e9", "e11"}
+    assert set(rows_of(world, "live")) == {"e1", "e2", "e3", "e10", "e9", "e11"}
     assert (resumed.events_input, resumed.training_rows, resumed.events_dead, resumed.pending) == (
         12,
         6,

@@ -1,0 +1,131 @@
+"""Where a live stage's training rows go, batch after batch: a handoff channel or a table.
+
+Both kinds commit each micro-batch once under the stage's writer id, know the last batch they
+committed (a replay at or below it writes nothing) and total what they hold from their own
+commits, so a stage's counts survive restarts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+
+from flow.config import StackConfig
+from flow.handoff import Channel
+from flow.pipeline.model import HandoffOutput, LiveStage, Pipeline
+from flow.pipeline.state import FeatureState
+from spark_jobs.handoff import export
+from spark_jobs.rows import channel_for, export_options, training_table
+from spark_jobs.sinks import BatchLedger, writer_totals
+
+__all__ = ["TrainingSink", "training_sink"]
+
+
+class TrainingSink(Protocol):
+    where: str
+    """The table or channel, for reports."""
+    last: int
+    """The last batch id this writer committed (-1: none)."""
+
+    def append(self, rows: DataFrame, batch_id: int, positives: int) -> None: ...
+
+    def totals(self) -> tuple[int, int]:
+        """(rows, positives) over every batch this writer committed."""
+        ...
+
+
+def _offsets(checkpoint: Path, batch_id: int) -> list[Any]:
+    """The Kafka offsets a micro-batch read, from the query's write-ahead offset log."""
+    log = checkpoint / "offsets" / str(batch_id)
+    try:
+        lines = log.read_text().splitlines()
+    except OSError:
+        return []
+    # Line 1: version; line 2: batch metadata; then one line of offsets per source.
+    return [json.loads(line) for line in lines[2:] if line.startswith("{")]
+
+
+class _HandoffSink:
+    def __init__(
+        self,
+        channel: Channel,
+        writer: str,
+        pipeline: Pipeline,
+        stage: LiveStage,
+        state: FeatureState,
+        event_time: str | None,
+        checkpoint: Path,
+    ) -> None:
+        self.channel = channel
+        self.where = channel.folder.uri
+        self.writer = writer
+        self.pipeline, self.stage, self.state = pipeline, stage, state
+        self.event_time = event_time
+        self.checkpoint = checkpoint
+        mine = [b for b in self._ids() if self.channel.commit(b).writer == writer]
+        self.last = max(mine) if mine else -1
+
+    def _ids(self) -> list[int]:
+        return self.channel.commit_ids() if self.channel.exists() else []
+
+    def append(self, rows: DataFrame, batch_id: int, positives: int) -> None:
+        if batch_id <= self.last:
+            return
+        options = export_options(
+            self.pipeline, self.stage.features, self.state, self.event_time, seed=batch_id
+        )
+        export(
+            rows,
+            self.channel,
+            batch_id,
+            options=options,
+            writer=self.writer,
+            source_positions={"kafka": _offsets(self.checkpoint, batch_id)},
+            stats={"positives": positives},
+        )
+        self.last = batch_id
+
+    def totals(self) -> tuple[int, int]:
+        commits = [self.channel.commit(b) for b in self._ids()]
+        mine = [c for c in commits if c.writer == self.writer]
+        return sum(c.rows for c in mine), int(sum(c.stats.get("positives", 0) for c in mine))
+
+
+class _TableSink:
+    def __init__(self, spark: SparkSession, table: str, writer: str) -> None:
+        self.spark = spark
+        self.where = table
+        self.writer = writer
+        self.ledger = BatchLedger(spark, table, writer)
+        self.last = self.ledger.last
+
+    def append(self, rows: DataFrame, batch_id: int, positives: int) -> None:
+        if self.ledger.last < 0 and not self.spark.catalog.tableExists(self.where):
+            rows.limit(0).writeTo(self.where).using("iceberg").create()
+        self.ledger.append(rows, batch_id, {"flow.positives": positives})
+        self.last = self.ledger.last
+
+    def totals(self) -> tuple[int, int]:
+        found = writer_totals(self.spark, self.where, self.writer)
+        return found["added-records"], found["flow.positives"]
+
+
+def training_sink(
+    spark: SparkSession,
+    stack: StackConfig,
+    pipeline: Pipeline,
+    stage: LiveStage,
+    state: FeatureState,
+    *,
+    writer: str,
+    event_time: str | None,
+    checkpoint: Path,
+) -> TrainingSink:
+    """The sink a live stage writes to, per the pipeline's output."""
+    if isinstance(pipeline.output, HandoffOutput):
+        channel = channel_for(stack, pipeline, stage.channel)
+        return _HandoffSink(channel, writer, pipeline, stage, state, event_time, checkpoint)
+    return _TableSink(spark, training_table(stack, pipeline, stage.channel), f"{writer}/main")
