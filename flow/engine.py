@@ -19,10 +19,20 @@ from flow.errors import EngineNotFoundError, FlowError
 from flow.pipeline.model import Pipeline
 from flow.pipeline.run import RunOptions, parse_run_args
 
-__all__ = ["ENGINE_GROUP", "BatchEngine", "Launch", "load_engine", "run_main"]
+__all__ = [
+    "ENGINE_GROUP",
+    "TRAINER_GROUP",
+    "BatchEngine",
+    "Launch",
+    "TensorBackend",
+    "load_engine",
+    "load_tensor_backend",
+    "run_main",
+]
 
 ENGINE_GROUP = "primus_flow.engines"
-_EXTRAS = {"spark": "spark"}
+TRAINER_GROUP = "primus_flow.trainers"
+_EXTRAS = {"spark": "spark", "torch": "train"}
 
 
 @dataclass(frozen=True)
@@ -49,21 +59,49 @@ class BatchEngine(Protocol):
         """Run a pipeline definition in this process; the exit code."""
         ...
 
+    def export_dataframe(
+        self, frame: Any, where: str, channel: str, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Write a DataFrame to a handoff channel (one commit); facts about what was written."""
+        ...
+
+
+@runtime_checkable
+class TensorBackend(Protocol):
+    """What turns a handoff channel into a framework's data loader (PyTorch: ``trainers``)."""
+
+    def dataloader(
+        self, where: str, channel: str, *, world: Any, options: Any, columns: Any
+    ) -> Any: ...
+
+
+def _plugin(group: str, name: str, kind: type) -> Any:
+    found = [ep for ep in importlib.metadata.entry_points(group=group) if ep.name == name]
+    if not found:
+        names = sorted(ep.name for ep in importlib.metadata.entry_points(group=group))
+        extra = _EXTRAS.get(name, name)
+        raise EngineNotFoundError(
+            f"no {group} plugin {name!r} is installed (installed: {', '.join(names) or 'none'}); "
+            f"install it with: pip install 'primus-flow[{extra}]'"
+        )
+    plugin = found[0].load()()
+    if not isinstance(plugin, kind):
+        raise EngineNotFoundError(
+            f"entry point {found[0].value} does not provide a {kind.__name__}"
+        )
+    return plugin
+
 
 def load_engine(name: str) -> BatchEngine:
     """The engine registered as ``name``."""
-    found = [ep for ep in importlib.metadata.entry_points(group=ENGINE_GROUP) if ep.name == name]
-    if not found:
-        names = sorted(ep.name for ep in importlib.metadata.entry_points(group=ENGINE_GROUP))
-        extra = _EXTRAS.get(name, name)
-        raise EngineNotFoundError(
-            f"no engine {name!r} is installed (installed: {', '.join(names) or 'none'}); "
-            f"install it with: pip install 'primus-flow[{extra}]'"
-        )
-    engine = found[0].load()()
-    if not isinstance(engine, BatchEngine):
-        raise EngineNotFoundError(f"entry point {found[0].value} does not provide a BatchEngine")
+    engine: BatchEngine = _plugin(ENGINE_GROUP, name, BatchEngine)
     return engine
+
+
+def load_tensor_backend(name: str = "torch") -> TensorBackend:
+    """The tensor backend registered as ``name``."""
+    backend: TensorBackend = _plugin(TRAINER_GROUP, name, TensorBackend)
+    return backend
 
 
 def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None) -> None:

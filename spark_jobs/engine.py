@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flow.config import StackConfig
@@ -38,3 +38,20 @@ class SparkEngine:
         raise ConfigError(
             f"the spark engine cannot run a {type(spec).__name__}; it runs Pipeline and SmokeCheck"
         )
+
+    def export_dataframe(
+        self, frame: Any, where: str, channel: str, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        from flow.handoff import Channel
+        from spark_jobs.handoff import ExportOptions, export
+
+        commit = export(
+            frame,
+            Channel(where, channel),
+            int(options.get("batch_id", 0)),
+            options=ExportOptions(**{k: v for k, v in options.items() if k != "batch_id"}),
+            writer="convert",
+        )
+        if commit is None:
+            return {"rows": Channel(where, channel).commit(int(options.get("batch_id", 0))).rows}
+        return {"rows": commit.rows, "shards": len(commit.shards), "bytes": commit.bytes}

@@ -136,3 +136,21 @@ def test_a_streaming_query_writes_while_a_reader_follows(
     thread.join(timeout=60)
     assert follower_started.is_set()
     assert sorted(got) == list(range(3000))
+
+
+def test_a_dataframe_converts_to_a_torch_dataloader(spark: SparkSession, tmp_path: Path) -> None:
+    from flow.handoff.convert import convert
+
+    frame = rows(spark, 0, 5000)
+    with convert(frame, location=str(tmp_path / "converted"), num_buckets=4) as data:
+        assert data.rows == 5000
+        loader = data.dataloader(batch_size=256, columns=["id", "dense", "label"])
+        ids = [int(i) for batch in loader for i in batch["id"]]
+        assert sorted(ids) == list(range(5000))
+        assert next(iter(loader))["dense"].shape == (256, 3)
+    assert (tmp_path / "converted").exists()  # a location given is not the conversion's to delete
+
+    with convert(frame, num_buckets=4) as owned:
+        made = owned.location
+        assert Channel(made, "data").exists()
+    assert not Path(made).exists()

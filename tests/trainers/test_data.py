@@ -1,0 +1,65 @@
+"""Handoff batches become tensors without copying the feature blocks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from flow.handoff import Channel, ChannelReader, Commit, ReadOptions
+from trainers.data import HandoffDataset, to_tensors
+
+SCHEMA = pa.schema(
+    [
+        ("label", pa.float32()),
+        ("dense", pa.list_(pa.float32(), 13)),
+        ("sparse", pa.list_(pa.int64(), 26)),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("name", pa.string()),
+    ]
+)
+
+
+def table(rows: int, start: int = 0) -> pa.Table:
+    ids = np.arange(start, start + rows)
+    return pa.table(
+        {
+            "label": (ids % 2).astype(np.float32),
+            "dense": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.repeat(ids, 13).astype(np.float32)), 13
+            ),
+            "sparse": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 26)), 26),
+            "ts": pa.array(ids * 1_000_000, pa.timestamp("us", tz="UTC")),
+            "name": [f"r{i}" for i in ids],
+        },
+        schema=SCHEMA,
+    )
+
+
+def test_feature_blocks_are_views_of_the_arrow_buffers() -> None:
+    batch = table(100).to_batches()[0].slice(10, 50)
+    tensors = to_tensors(batch)
+    assert set(tensors) == {"label", "dense", "sparse", "ts"}  # strings have no tensor form
+    assert tensors["dense"].shape == (50, 13)
+    assert tensors["sparse"].dtype == torch.int64
+    assert tensors["sparse"][0, 0].item() == 10
+    values = batch.column("sparse").flatten()
+    assert tensors["sparse"].data_ptr() == values.buffers()[1].address + values.offset * 8
+    with pytest.raises(TypeError, match=r"'name' .* has nulls or no tensor form"):
+        to_tensors(batch, ["name"])
+
+
+def test_a_dataloader_over_a_channel_yields_every_row_once(tmp_path: Path) -> None:
+    channel = Channel(str(tmp_path), "c")
+    channel.create(SCHEMA, num_buckets=2)
+    shards = tuple(channel.write_bucket(0, b, table(500, start=b * 500), f"t{b}") for b in range(2))
+    channel.add_commit(Commit("c", 0, shards, channel.meta().fingerprint))
+    reader = ChannelReader(str(tmp_path), "c", options=ReadOptions(batch_size=64, seed=1))
+    dataset = HandoffDataset(reader, columns=["label", "dense", "sparse"])
+    seen = [int(x) for b in DataLoader(dataset, batch_size=None) for x in b["sparse"][:, 0]]
+    assert sorted(seen) == list(range(1000))
+    assert dataset.state_dict()["epoch"] == 1

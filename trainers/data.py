@@ -1,0 +1,100 @@
+"""Handoff batches as torch tensors: a zero-copy view of the Arrow buffers where possible.
+
+A feature block stored as a fixed-size list (``dense``, ``sparse``, ``seq_*``) is one values
+buffer: it becomes a ``[batch, width]`` tensor over that buffer, no copy. Numbers become 1-D
+tensors the same way; timestamps become int64 microseconds. Strings are left out (a trainer has
+no use for them).
+
+The tensors are read-only views of memory the reader owns until the next batch: a trainer moves
+them to the GPU (or copies them) before asking for another.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import IterableDataset
+
+__all__ = ["HandoffDataset", "to_tensors"]
+
+
+class _Reader(Protocol):
+    def __iter__(self) -> Iterator[pa.RecordBatch]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    # Arrow buffers are read-only; torch warns for every view of one. The view is the point.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(values)
+
+
+def _column(array: pa.Array) -> np.ndarray | None:
+    """A numpy view of the column's buffer, or None when it has no tensor form."""
+    kind = array.type
+    values: np.ndarray | None = None
+    if pa.types.is_fixed_size_list(kind):
+        flat = array.flatten()
+        if not array.null_count and not flat.null_count:
+            values = flat.to_numpy(zero_copy_only=True).reshape(len(array), kind.list_size)
+    elif pa.types.is_timestamp(kind):
+        values = array.cast(pa.int64()).to_numpy(zero_copy_only=array.null_count == 0)
+    elif (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and not array.null_count:
+        values = array.to_numpy(zero_copy_only=True)
+    return values
+
+
+def to_tensors(
+    batch: pa.RecordBatch, columns: Sequence[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """The batch's numeric columns and feature blocks as tensors (zero-copy views)."""
+    out = {}
+    for name in columns or batch.schema.names:
+        values = _column(batch.column(name))
+        if values is not None:
+            out[name] = _tensor(values)
+        elif columns is not None:
+            raise TypeError(
+                f"column {name!r} ({batch.schema.field(name).type}) has nulls or no tensor form"
+            )
+    return out
+
+
+class HandoffDataset(IterableDataset[dict[str, torch.Tensor]]):
+    """A reader's batches as dicts of tensors, for ``DataLoader(dataset, batch_size=None)``.
+
+    The reader already forms, shuffles and balances batches: give the DataLoader
+    ``batch_size=None`` and no workers (a worker process would need a rank of its own). Its
+    cursor is the reader's: ``state_dict()`` goes into a checkpoint, ``load_state_dict()``
+    continues from it.
+    """
+
+    def __init__(
+        self,
+        reader: _Reader,
+        columns: Sequence[str] | None = None,
+        transform: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+    ) -> None:
+        self.reader = reader
+        self.columns = list(columns) if columns is not None else None
+        self.transform = transform
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for batch in self.reader:
+            tensors = to_tensors(batch, self.columns)
+            yield self.transform(tensors) if self.transform else tensors
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.reader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reader.load_state_dict(state)
