@@ -21,11 +21,16 @@ class Location:
     def __init__(self, filesystem: pafs.FileSystem, path: str, uri: str) -> None:
         self.fs = filesystem
         self.path = path.rstrip("/")
-        self.uri = uri.rstrip("/")
+        base, sep, query = uri.partition("?")
+        self.uri = f"{base.rstrip('/')}{sep}{query}"
 
     def child(self, *parts: str) -> Location:
         suffix = "/".join(parts)
-        return Location(self.fs, f"{self.path}/{suffix}", f"{self.uri}/{suffix}")
+        # A URI may carry options after "?" (s3://b/p?endpoint_override=...): path goes before.
+        base, sep, query = self.uri.partition("?")
+        return Location(
+            self.fs, f"{self.path}/{suffix}", f"{base.rstrip('/')}/{suffix}{sep}{query}"
+        )
 
     def _local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)

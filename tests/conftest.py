@@ -38,3 +38,32 @@ def running_stack(stack: StackConfig) -> Iterator[StackConfig]:
         yield stack
     finally:
         services.down(stack)
+
+
+@pytest.fixture(scope="session")
+def s3_uri() -> Iterator[str]:
+    """An S3-compatible server (moto's) on 127.0.0.1 with a bucket; the URI of a folder in it.
+
+    pyarrow's S3 client talks to it over HTTP as it would to S3 or MinIO.
+    """
+    from moto.server import ThreadedMotoServer
+    from pyarrow import fs as pafs
+
+    from tests.support import free_ports
+
+    (port,) = free_ports(1)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        s3 = pafs.S3FileSystem(
+            endpoint_override=f"http://127.0.0.1:{port}",
+            scheme="http",
+            access_key="test",
+            secret_key="test",
+            region="us-east-1",
+            allow_bucket_creation=True,
+        )
+        s3.create_dir("handoff")
+        yield f"s3://test:test@handoff/root?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+    finally:
+        server.stop()

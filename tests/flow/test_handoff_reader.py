@@ -22,7 +22,9 @@ SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.list_(pa.float32(), 3))])
 class Writer:
     """Writes channels the way Spark tasks and the driver do, with numbered rows."""
 
-    def __init__(self, root: Path, name: str, buckets: int = 4, compression: str | None = "lz4"):
+    def __init__(
+        self, root: Path | str, name: str, buckets: int = 4, compression: str | None = "lz4"
+    ):
         self.channel = Channel(str(root), name)
         self.channel.create(SCHEMA, num_buckets=buckets, compression=compression)
         self.buckets = buckets

@@ -154,3 +154,17 @@ def test_a_dataframe_converts_to_a_torch_dataloader(spark: SparkSession, tmp_pat
         made = owned.location
         assert Channel(made, "data").exists()
     assert not Path(made).exists()
+
+
+def test_spark_tasks_write_shards_to_object_storage(spark: SparkSession, s3_uri: str) -> None:
+    from flow.storage import location
+
+    root = location(s3_uri).child("spark")
+    channel = Channel(root.uri, "train")
+    commit = export(
+        rows(spark, 0, 4000), channel, 0, options=ExportOptions(num_buckets=4, tasks=2), writer="s3"
+    )
+    assert commit is not None
+    assert commit.rows == 4000
+    reader = ChannelReader(root.uri, "train", options=ReadOptions(batch_size=500))
+    assert sorted(i for b in reader for i in b.column("id").to_pylist()) == list(range(4000))
