@@ -14,7 +14,9 @@ needs commits that retention has already deleted.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -64,6 +66,9 @@ class ReadOptions:
     consumer_group: str | None = None
     """Record this rank's position under this name, for retention and backpressure."""
     record_every: float = 5.0
+    prefetch: int = 8
+    """Shards opened (and decompressed) ahead of use by a background thread; 0: none. Memory
+    grows by up to this many decoded shards."""
 
     def __post_init__(self) -> None:
         if self.window_rows is not None and self.window_rows <= self.batch_size:
@@ -112,34 +117,68 @@ class _Mark:
 
 
 class _Materializer:
-    """Turns windows into record batches; keeps only the shards still needed open."""
+    """Turns windows into record batches; keeps only the shards still needed open.
 
-    def __init__(self, channel: Channel, verify: bool, stats: ReadStats) -> None:
+    Shards are opened in the order the plan will use them, up to ``prefetch`` ahead, by a
+    background thread: pyarrow releases the GIL while it reads and decompresses, so on two
+    cores decoding the next shards overlaps gathering the current window.
+    """
+
+    def __init__(self, channel: Channel, verify: bool, stats: ReadStats, prefetch: int) -> None:
         self.channel = channel
         self.verify = verify
         self.stats = stats
+        self.prefetch = prefetch
         self.commits: dict[int, Commit] = {}
         self._open: dict[tuple[int, int], pa.Table] = {}
         self._remaining: dict[tuple[int, int], int] = {}
+        self._coming: deque[tuple[int, int]] = deque()
+        self._loading: dict[tuple[int, int], Future[pa.Table]] = {}
+        self._pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="handoff-prefetch") if prefetch else None
+        )
         self.carry: pa.Table | None = None
         self.carry_refs = _NO_REFS
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for future in self._loading.values():
+                future.cancel()
+            self._pool.shutdown(wait=True)
 
     def expect(self, commit: Commit, spans: list[Span]) -> None:
         self.commits[commit.batch_id] = commit
         for span in spans:
             key = (span.commit, span.index)
+            if key not in self._remaining:
+                self._coming.append(key)
             self._remaining[key] = self._remaining.get(key, 0) + span.rows
+        self._fill()
+
+    def _load(self, key: tuple[int, int]) -> pa.Table:
+        commit, index = key
+        if commit not in self.commits:
+            self.commits[commit] = self.channel.commit(commit)
+        shard = self.commits[commit].shards[index]
+        return read_shard(self.channel.folder, shard, verify=self.verify, commit=commit)
+
+    def _fill(self) -> None:
+        if self._pool is None:
+            return
+        while self._coming and len(self._loading) + len(self._open) < self.prefetch:
+            key = self._coming.popleft()
+            if key not in self._open and key not in self._loading and key in self._remaining:
+                self._loading[key] = self._pool.submit(self._load, key)
 
     def _shard(self, commit: int, index: int) -> pa.Table:
         key = (commit, index)
         table = self._open.get(key)
         if table is None:
-            if commit not in self.commits:
-                self.commits[commit] = self.channel.commit(commit)
-            shard = self.commits[commit].shards[index]
-            table = read_shard(self.channel.folder, shard, verify=self.verify, commit=commit)
+            future = self._loading.pop(key, None)
+            table = future.result() if future is not None else self._load(key)
             self._open[key] = table
             self.stats.shards_opened += 1
+            self._fill()
         return table
 
     def skip(self, window: Window) -> None:
@@ -153,6 +192,7 @@ class _Materializer:
         if self._remaining[key] <= 0:
             self._open.pop(key, None)
             self._remaining.pop(key, None)
+            self._fill()
 
     def restore_carry(self, refs: np.ndarray) -> None:
         """Carried rows again, read back from their references (after a resume)."""
@@ -352,7 +392,7 @@ class ChannelReader:
         mark = self._mark
         planner.restore(mark.counters)
         before = list(mark.before or [0] * world.world_size)
-        materializer = _Materializer(self.channel, options.verify, self.stats)
+        materializer = _Materializer(self.channel, options.verify, self.stats, options.prefetch)
         resume_window: int | None = mark.window
         self._record(mark.after, force=True)
 
@@ -387,29 +427,32 @@ class ChannelReader:
             yield from run(planner.add(spans[world.rank]))
 
         after = mark.after
-        while True:
-            ids = self._next_commits(after)
-            if not ids:
-                if not options.follow:
-                    break
-                if self.channel.closed() and not self._next_commits(after):
-                    yield from run(planner.finish(before))
-                    break
-                time.sleep(options.poll_interval)
-                continue
-            for batch_id in ids:
-                commit = self.channel.commit(batch_id)
-                counters = planner.counters()
-                self._mark = _Mark(
-                    after, list(before), counters, counters[0], materializer.carry_refs
-                )
-                yield from batches_of(commit)
-                share = targets(commit.rows, before)
-                before = [b + s for b, s in zip(before, share, strict=True)]
-                after = batch_id
-                carried = materializer.carry_refs
-                oldest = int(carried[:, 0].min()) if len(carried) else None
-                self._record(after if oldest is None else min(after, oldest - 1))
+        try:
+            while True:
+                ids = self._next_commits(after)
+                if not ids:
+                    if not options.follow:
+                        break
+                    if self.channel.closed() and not self._next_commits(after):
+                        yield from run(planner.finish(before))
+                        break
+                    time.sleep(options.poll_interval)
+                    continue
+                for batch_id in ids:
+                    commit = self.channel.commit(batch_id)
+                    counters = planner.counters()
+                    self._mark = _Mark(
+                        after, list(before), counters, counters[0], materializer.carry_refs
+                    )
+                    yield from batches_of(commit)
+                    share = targets(commit.rows, before)
+                    before = [b + s for b, s in zip(before, share, strict=True)]
+                    after = batch_id
+                    carried = materializer.carry_refs
+                    oldest = int(carried[:, 0].min()) if len(carried) else None
+                    self._record(after if oldest is None else min(after, oldest - 1))
+        finally:
+            materializer.close()
         self.stats.undelivered = planner.undelivered
         self._record(after, force=True)
         self.set_epoch(self.epoch + 1)
