@@ -6,6 +6,9 @@
     flow submit [spark-submit options] APP.py [args]
     flow run APP.py [args]               services up, then submit on the local stack
     flow spark-args                      the options to give a plain spark-submit
+    flow handoff ls | show | verify | close | retire | drop
+                                         handoff channels (see flow/handoff_cli.py)
+    flow bench NAME [args]               benchmarks/NAME.py on the local stack
 
 Heavy imports (pyiceberg, MLflow, Kafka clients) happen inside the commands that need them, so
 ``flow --help`` stays instant.
@@ -20,53 +23,29 @@ import subprocess
 import sys
 import time
 import webbrowser
-from collections.abc import Callable, Sequence
-from functools import wraps
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
+from flow.cli_support import console, friendly, progress, stack_config
 from flow.config import StackConfig
-from flow.console import console as make_console
 from flow.errors import FlowError
+from flow.handoff_cli import handoff
 
 __all__ = ["main"]
-
-console = make_console()
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _friendly(fn: F) -> F:
-    """Print a FlowError as a one-paragraph message (no traceback) and exit 1."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except FlowError as exc:
-            console.print(
-                f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
-            )
-            raise SystemExit(1) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _stack() -> StackConfig:
-    return StackConfig.from_env()
-
-
-def _progress(message: str) -> None:
-    console.print(f"  [dim]{time.strftime('%H:%M:%S')}[/] {escape(message)}", highlight=False)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="primus-flow")
 def main() -> None:
     """Primus Flow: Kafka + Iceberg + Spark into PyTorch trainers, tracked in MLflow."""
+
+
+main.add_command(handoff)
 
 
 # -- services -------------------------------------------------------------------------------
@@ -104,15 +83,15 @@ _only = click.option(
 
 @services.command("up")
 @_only
-@_friendly
+@friendly
 def services_up(only: tuple[str, ...]) -> None:
     """Start every service that is not running (harmless when all are)."""
     from flow import services as svc
 
-    stack = _stack()
+    stack = stack_config()
     console.print(f"[bold]Local stack[/] in {escape(str(stack.home))}")
     started = time.monotonic()
-    rows = svc.up(stack, only, progress=_progress)
+    rows = svc.up(stack, only, progress=progress)
     console.print(_status_table(rows))
     console.print(f"up in {time.monotonic() - started:.1f}s")
     if not all(r.healthy for r in rows):
@@ -121,23 +100,23 @@ def services_up(only: tuple[str, ...]) -> None:
 
 @services.command("down")
 @_only
-@_friendly
+@friendly
 def services_down(only: tuple[str, ...]) -> None:
     """Stop the managed services and every process they started."""
     from flow import services as svc
 
-    console.print(_status_table(svc.down(_stack(), only)))
+    console.print(_status_table(svc.down(stack_config(), only)))
 
 
 @services.command("status")
 @_only
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@_friendly
+@friendly
 def services_status(only: tuple[str, ...], as_json: bool) -> None:
     """Show each service as it is now; exit 1 if any is dead or not answering."""
     from flow import services as svc
 
-    rows = svc.status(_stack(), only)
+    rows = svc.status(stack_config(), only)
     if as_json:
         click.echo(json.dumps([r.__dict__ for r in rows], indent=2))
     else:
@@ -148,13 +127,13 @@ def services_status(only: tuple[str, ...], as_json: bool) -> None:
 
 @main.command()
 @click.option("--open", "open_browser", is_flag=True, help="Also open it in a web browser.")
-@_friendly
+@friendly
 def ui(open_browser: bool) -> None:
     """Start the MLflow server of the local stack if needed and print the UI's address."""
     from flow import services as svc
 
-    stack = _stack()
-    (row,) = svc.up(stack, ("mlflow",), progress=_progress)
+    stack = stack_config()
+    (row,) = svc.up(stack, ("mlflow",), progress=progress)
     if not row.healthy:
         raise FlowError(f"the MLflow UI is not available: {row.state} {row.detail}")
     click.echo(f"MLflow UI: {stack.mlflow.tracking_uri}")
@@ -178,16 +157,16 @@ def jars() -> None:
     help="Profile to resolve (repeatable; default: spark and kafka).",
 )
 @click.option("--verify", is_flag=True, help="Re-check every cached jar's SHA-256.")
-@_friendly
+@friendly
 def jars_fetch(profiles: tuple[str, ...], verify: bool) -> None:
     """Resolve the pinned jars once; later runs reuse them without the network."""
     from flow import jars as jarmod
 
-    stack = _stack()
+    stack = stack_config()
     for name in profiles or ("spark", "kafka"):
         started = time.monotonic()
         with console.status(f"resolving the {name} jars from {stack.maven_repo} ..."):
-            resolved = jarmod.resolve(name, stack, verify=verify, progress=_progress)
+            resolved = jarmod.resolve(name, stack, verify=verify, progress=progress)
         size = sum(p.stat().st_size for p in resolved.jars) / 1e6
         console.print(
             f"{name}: {len(resolved.jars)} jars, {size:.0f} MB in {escape(str(resolved.folder))} "
@@ -197,12 +176,12 @@ def jars_fetch(profiles: tuple[str, ...], verify: bool) -> None:
 
 @jars.command("list")
 @click.argument("profile", default="spark")
-@_friendly
+@friendly
 def jars_list(profile: str) -> None:
     """Print the jar paths of PROFILE, one per line."""
     from flow import jars as jarmod
 
-    for jar in jarmod.resolve(profile, _stack()).jars:
+    for jar in jarmod.resolve(profile, stack_config()).jars:
         click.echo(str(jar))
 
 
@@ -229,7 +208,7 @@ _namespace = click.option(
 @click.option(
     "--append", is_flag=True, help="Add days to existing history instead of replacing it."
 )
-@_friendly
+@friendly
 def generate_history(
     namespace: str, days: int, per_day: int, users: int, items: int, seed: int, append: bool
 ) -> None:
@@ -237,7 +216,7 @@ def generate_history(
     from flow.datagen.ctr import World
     from flow.datagen.load import write_history
 
-    stack = _stack()
+    stack = stack_config()
     started = time.monotonic()
     report = write_history(
         stack,
@@ -246,7 +225,7 @@ def generate_history(
         days=days,
         per_day=per_day,
         append=append,
-        progress=_progress,
+        progress=progress,
     )
     console.print(
         f"{report.impressions:,} impressions, {report.clicks:,} clicks ({report.late_clicks:,} "
@@ -276,7 +255,7 @@ def generate_history(
     help="Share of records sent up to 3 minutes out of event-time order.",
 )
 @click.option("--seed", default=11, show_default=True)
-@_friendly
+@friendly
 def generate_stream(
     namespace: str,
     count: int,
@@ -291,7 +270,7 @@ def generate_stream(
 
     from flow.datagen.load import produce_stream, topics
 
-    stack = _stack()
+    stack = stack_config()
     report = produce_stream(
         stack,
         namespace=namespace,
@@ -301,7 +280,7 @@ def generate_stream(
         span=timedelta(minutes=span_minutes) if span_minutes else None,
         late_arrival_share=late_arrivals,
         seed=seed,
-        progress=_progress,
+        progress=progress,
     )
     broken = ", ".join(f"{k} {v}" for k, v in sorted(report.malformed.items())) or "none"
     console.print(
@@ -316,12 +295,12 @@ def generate_stream(
 @_namespace
 @click.option("--share", default=0.1, show_default=True, help="Share of users to change.")
 @click.option("--seed", default=13, show_default=True)
-@_friendly
+@friendly
 def generate_update_users(namespace: str, share: float, seed: int) -> None:
     """Change some users' country and favourite category (a new Iceberg snapshot)."""
     from flow.datagen.load import update_users
 
-    changed = update_users(_stack(), namespace=namespace, share=share, seed=seed)
+    changed = update_users(stack_config(), namespace=namespace, share=share, seed=seed)
     console.print(f"changed {changed:,} users in {namespace}.users")
 
 
@@ -346,25 +325,25 @@ def _launch(argv: Sequence[str], stack: StackConfig) -> int:
 
 @main.command(context_settings=_passthrough)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
-@_friendly
+@friendly
 def submit(argv: tuple[str, ...]) -> None:
     """spark-submit APP with the stack's jars, catalogs and Kafka settings.
 
     Options before APP go to spark-submit and win over the stack's (--master, --conf k=v, ...);
     arguments after APP go to the application.
     """
-    raise SystemExit(_launch(argv, _stack()))
+    raise SystemExit(_launch(argv, stack_config()))
 
 
 @main.command(context_settings=_passthrough)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
-@_friendly
+@friendly
 def run(argv: tuple[str, ...]) -> None:
     """Bring the local stack up, then submit APP on it (like `flow submit`)."""
     from flow import services as svc
 
-    stack = _stack()
-    rows = svc.up(stack, progress=_progress)
+    stack = stack_config()
+    rows = svc.up(stack, progress=progress)
     unhealthy = [r for r in rows if not r.healthy]
     if unhealthy:
         console.print(_status_table(rows))
@@ -375,7 +354,7 @@ def run(argv: tuple[str, ...]) -> None:
 @main.command(context_settings=_passthrough)
 @click.argument("name")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
-@_friendly
+@friendly
 def bench(name: str, argv: tuple[str, ...]) -> None:
     """Run benchmarks/NAME.py on the local stack (arguments after NAME go to the benchmark)."""
     from flow import services as svc
@@ -387,8 +366,8 @@ def bench(name: str, argv: tuple[str, ...]) -> None:
             f"no benchmark {name!r} in {Path('benchmarks').resolve()}; benchmarks: "
             f"{', '.join(found) or 'none (run from the project folder)'}"
         )
-    stack = _stack()
-    rows = svc.up(stack, progress=_progress)
+    stack = stack_config()
+    rows = svc.up(stack, progress=progress)
     if not all(r.healthy for r in rows):
         console.print(_status_table(rows))
         raise FlowError("the local stack is not healthy")
@@ -396,12 +375,14 @@ def bench(name: str, argv: tuple[str, ...]) -> None:
 
 
 @main.command("spark-args")
-@_friendly
+@friendly
 def spark_args() -> None:
     """Print the spark-submit options that give a job the stack (for a plain spark-submit)."""
     from flow.engine import load_engine
 
-    click.echo(" ".join(shlex.quote(o) for o in load_engine("spark").submit_options(_stack())))
+    click.echo(
+        " ".join(shlex.quote(o) for o in load_engine("spark").submit_options(stack_config()))
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m flow.cli`

@@ -9,10 +9,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from flow.config import ENV_VARS
-from flow.handoff import ChannelReader, ReadOptions
+from flow.handoff import Channel, ChannelReader, Commit, ReadOptions
 
 REPO = Path(__file__).resolve().parents[1]
 FLOW_BIN = str(Path(sys.executable).with_name("flow"))
@@ -72,3 +73,49 @@ def handoff_rows(where: str, channel: str) -> pa.Table:
         if batches
         else reader.schema.empty_table()
     )
+
+
+NUMBERED = pa.schema([("id", pa.int64()), ("x", pa.list_(pa.float32(), 3))])
+"""Rows of the handoff tests: ``id`` numbers them, ``x`` repeats it (checks row integrity)."""
+
+
+class Writer:
+    """Writes channels the way Spark tasks and the driver do, with numbered rows."""
+
+    def __init__(
+        self, root: Path | str, name: str, buckets: int = 4, compression: str | None = "lz4"
+    ):
+        self.channel = Channel(str(root), name)
+        self.channel.create(NUMBERED, num_buckets=buckets, compression=compression)
+        self.buckets = buckets
+        self.next_id = 0
+        self.batch = 0
+
+    def commit(self, rows_per_shard: list[int]) -> list[int]:
+        shards, ids = [], []
+        for k, rows in enumerate(rows_per_shard):
+            values = np.arange(self.next_id, self.next_id + rows, dtype=np.int64)
+            ids.extend(values.tolist())
+            self.next_id += rows
+            x = np.repeat(values.astype(np.float32), 3)
+            table = pa.table(
+                {"id": values, "x": pa.FixedSizeListArray.from_arrays(pa.array(x), 3)},
+                schema=NUMBERED,
+            )
+            shards.append(self.channel.write_bucket(self.batch, k % self.buckets, table, f"t{k}"))
+        self.channel.add_commit(
+            Commit(self.channel.name, self.batch, tuple(shards), self.channel.meta().fingerprint)
+        )
+        self.batch += 1
+        return ids
+
+
+def read_ids(reader: ChannelReader, limit: int | None = None) -> list[list[int]]:
+    out = []
+    for batch in reader:
+        ids = batch.column("id").to_pylist()
+        assert batch.column("x").flatten().to_pylist() == [float(i) for i in ids for _ in range(3)]
+        out.append(ids)
+        if limit is not None and len(out) >= limit:
+            break
+    return out

@@ -165,7 +165,8 @@ class _Materializer:
     def _fill(self) -> None:
         if self._pool is None:
             return
-        while self._coming and len(self._loading) + len(self._open) < self.prefetch:
+        # Open shards (a window's stripe) are not counted: only those decoded ahead of use.
+        while self._coming and len(self._loading) < self.prefetch:
             key = self._coming.popleft()
             if key not in self._open and key not in self._loading and key in self._remaining:
                 self._loading[key] = self._pool.submit(self._load, key)
@@ -224,7 +225,7 @@ class _Materializer:
         order = window.permutation()
         ordered = (table.take(pa.array(order)) if window.shuffle else table).combine_chunks()
         starts = np.asarray(bounds)
-        part = np.searchsorted(starts, order, side="right") - 1
+        part = np.repeat(np.arange(len(parts)), np.diff(starts))[order]  # each row's part
         info = np.asarray(meta, dtype=np.int64)
         shard_ids = np.unique(info[:, :2], axis=0, return_inverse=True)[1].reshape(-1)
         out = []

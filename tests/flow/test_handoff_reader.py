@@ -7,58 +7,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flow.errors import ChannelNotFoundError, ConfigError, SchemaMismatchError, ShardCorruptError
-from flow.handoff import Channel, ChannelReader, Commit, MixedReader, ReadOptions, World
-
-SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.list_(pa.float32(), 3))])
-
-
-class Writer:
-    """Writes channels the way Spark tasks and the driver do, with numbered rows."""
-
-    def __init__(
-        self, root: Path | str, name: str, buckets: int = 4, compression: str | None = "lz4"
-    ):
-        self.channel = Channel(str(root), name)
-        self.channel.create(SCHEMA, num_buckets=buckets, compression=compression)
-        self.buckets = buckets
-        self.next_id = 0
-        self.batch = 0
-
-    def commit(self, rows_per_shard: list[int]) -> list[int]:
-        shards, ids = [], []
-        for k, rows in enumerate(rows_per_shard):
-            values = np.arange(self.next_id, self.next_id + rows, dtype=np.int64)
-            ids.extend(values.tolist())
-            self.next_id += rows
-            x = np.repeat(values.astype(np.float32), 3)
-            table = pa.table(
-                {"id": values, "x": pa.FixedSizeListArray.from_arrays(pa.array(x), 3)},
-                schema=SCHEMA,
-            )
-            shards.append(self.channel.write_bucket(self.batch, k % self.buckets, table, f"t{k}"))
-        self.channel.add_commit(
-            Commit(self.channel.name, self.batch, tuple(shards), self.channel.meta().fingerprint)
-        )
-        self.batch += 1
-        return ids
-
-
-def read_ids(reader: ChannelReader, limit: int | None = None) -> list[list[int]]:
-    out = []
-    for batch in reader:
-        ids = batch.column("id").to_pylist()
-        assert batch.column("x").flatten().to_pylist() == [float(i) for i in ids for _ in range(3)]
-        out.append(ids)
-        if limit is not None and len(out) >= limit:
-            break
-    return out
+from flow.handoff import Channel, ChannelReader, MixedReader, ReadOptions, World
+from tests.support import NUMBERED, Writer, read_ids
 
 
 def test_ranks_read_every_row_once_in_equal_batches(tmp_path: Path) -> None:
@@ -177,7 +133,7 @@ def test_a_replayed_commit_changes_nothing(tmp_path: Path) -> None:
 
 def test_retention_deletes_what_every_consumer_read_and_backpressure_waits(tmp_path: Path) -> None:
     channel = Channel(str(tmp_path), "live")
-    channel.create(SCHEMA, num_buckets=1, max_unconsumed_bytes=1)
+    channel.create(NUMBERED, num_buckets=1, max_unconsumed_bytes=1)
     w = Writer.__new__(Writer)
     w.channel, w.buckets, w.next_id, w.batch = channel, 1, 0, 0
     w.commit([100])

@@ -9,7 +9,7 @@ import pytest
 from flow.errors import ShardCorruptError
 from flow.handoff import ChannelReader, ReadOptions, World, list_channels
 from flow.storage import location
-from tests.flow.test_handoff_reader import Writer, read_ids
+from tests.support import Writer, read_ids
 
 
 def test_channels_are_written_listed_read_and_verified_on_s3(s3_uri: str) -> None:

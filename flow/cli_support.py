@@ -1,0 +1,43 @@
+"""What every ``flow`` command shares: the console, friendly errors, the stack, progress lines."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+from rich.markup import escape
+
+from flow.config import StackConfig
+from flow.console import console as make_console
+from flow.errors import FlowError
+
+__all__ = ["console", "friendly", "progress", "stack_config"]
+
+console = make_console()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def friendly(fn: F) -> F:
+    """Print a FlowError as a one-paragraph message (no traceback) and exit 1."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FlowError as exc:
+            console.print(
+                f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+            )
+            raise SystemExit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def stack_config() -> StackConfig:
+    return StackConfig.from_env()
+
+
+def progress(message: str) -> None:
+    console.print(f"  [dim]{time.strftime('%H:%M:%S')}[/] {escape(message)}", highlight=False)

@@ -1,0 +1,253 @@
+"""``flow handoff``: look at and tend handoff channels.
+
+    flow handoff ls [LOCATION]                 channels, commits, rows, unread bytes
+    flow handoff show LOCATION CHANNEL         schema, layout, recent commits, consumers
+    flow handoff verify LOCATION CHANNEL       every shard against its checksum
+    flow handoff close LOCATION CHANNEL        tell followers the producer has finished
+    flow handoff retire LOCATION CHANNEL       delete shards every consumer group has read
+    flow handoff drop LOCATION CHANNEL --yes   delete the channel
+
+LOCATION is a pipeline namespace (a folder under $FLOW_HANDOFF), a path, or a URI (s3://...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from flow.cli_support import console, friendly, stack_config
+from flow.errors import ChannelNotFoundError, FlowError, ShardCorruptError
+
+if TYPE_CHECKING:  # pyarrow loads inside the commands: `flow --help` stays instant
+    from flow.handoff.channel import Channel
+    from flow.storage import Location
+
+__all__ = ["handoff"]
+
+
+def resolve(where: str) -> Location:
+    """A namespace name means the folder of that name under the stack's handoff root."""
+    from flow.storage import location
+
+    if "/" in where or "://" in where or where.startswith("."):
+        return location(where)
+    return location(stack_config().handoff).child(where)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.1f} MB"
+
+
+@dataclass(frozen=True)
+class ChannelSummary:
+    name: str
+    commits: int
+    rows: int
+    bytes_kept: int
+    unread_bytes: int
+    groups: int
+    closed: bool
+
+    @classmethod
+    def of(cls, channel: Channel) -> ChannelSummary:
+        commits = [channel.commit(b) for b in channel.commit_ids()]
+        kept = sum(c.bytes for c in commits if not channel.retired(c.batch_id))
+        return cls(
+            name=channel.name,
+            commits=len(commits),
+            rows=sum(c.rows for c in commits),
+            bytes_kept=kept,
+            unread_bytes=channel.unconsumed_bytes(),
+            groups=len(channel.positions()),
+            closed=channel.closed(),
+        )
+
+
+def _channel(where: str, name: str) -> Channel:
+    from flow.handoff.channel import Channel
+
+    channel = Channel(resolve(where), name)
+    channel.meta()  # names what exists when the channel does not
+    return channel
+
+
+@click.group()
+def handoff() -> None:
+    """Look at and tend handoff channels (see ``flow handoff ls``)."""
+
+
+@handoff.command("ls")
+@click.argument("where", required=False)
+@friendly
+def ls(where: str | None) -> None:
+    """Channels of LOCATION (a namespace, path or URI); every namespace when omitted."""
+    from flow.handoff.channel import Channel, list_channels
+    from flow.storage import location
+
+    if where is None:
+        root = location(stack_config().handoff)
+        spaces = list_channels(root)  # a root may itself hold channels
+        places = [root] if spaces else []
+        if root.exists():
+            places += [root.child(n) for n in _folders(root) if list_channels(root.child(n))]
+        if not places:
+            console.print(f"no handoff channels under {escape(str(root))}")
+            return
+    else:
+        places = [resolve(where)]
+        if not places[0].exists():
+            raise ChannelNotFoundError(f"handoff location {places[0]} does not exist")
+    for place in places:
+        table = Table(title=escape(str(place)), title_justify="left")
+        for header in ("channel", "commits", "rows", "on disk", "unread", "consumer groups"):
+            table.add_column(header, justify="left" if header == "channel" else "right")
+        for name in list_channels(place):
+            s = ChannelSummary.of(Channel(place, name))
+            table.add_row(
+                escape(name) + (" [dim](closed)[/]" if s.closed else ""),
+                f"{s.commits:,}",
+                f"{s.rows:,}",
+                _mb(s.bytes_kept),
+                _mb(s.unread_bytes),
+                str(s.groups),
+            )
+        console.print(table)
+
+
+def _folders(root: Location) -> list[str]:
+    from pyarrow import fs as pafs
+
+    infos = root.fs.get_file_info(pafs.FileSelector(root.path, recursive=False))
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+
+@handoff.command("show")
+@click.argument("where")
+@click.argument("name")
+@click.option("--commits", "last", default=10, show_default=True, help="Recent commits to list.")
+@friendly
+def show(where: str, name: str, last: int) -> None:
+    """A channel's schema, layout, recent commits and consumer positions."""
+    channel = _channel(where, name)
+    meta = channel.meta()
+    console.print(
+        f"[bold]{escape(name)}[/] in {escape(str(channel.root))}: {meta.num_buckets} buckets, "
+        f"compression {meta.compression}, created {meta.created_at}"
+        + (", [bold]closed[/]" if channel.closed() else ""),
+        highlight=False,
+    )
+    for field in meta.schema:
+        console.print(f"  {escape(field.name)}: {escape(str(field.type))}", highlight=False)
+    if meta.layout:
+        dense, sparse = meta.layout.get("dense", []), meta.layout.get("sparse", [])
+        console.print(
+            f"  layout: {len(dense)} dense, {len(sparse)} sparse features", highlight=False
+        )
+    if meta.feature_state:
+        console.print(f"  feature state: {escape(meta.feature_state)}", highlight=False)
+    ids = channel.commit_ids()
+    table = Table(title=f"last {min(last, len(ids))} of {len(ids)} commits", title_justify="left")
+    for header in ("batch", "rows", "shards", "size", "event time", "committed", "sources"):
+        table.add_column(header)
+    for batch_id in ids[-last:]:
+        commit = channel.commit(batch_id)
+        size = "retired" if channel.retired(batch_id) else _mb(commit.bytes)
+        span = f"{commit.event_time.get('min') or '-'} .. {commit.event_time.get('max') or '-'}"
+        sources = ", ".join(f"{k}={v}" for k, v in commit.source_positions.items())
+        table.add_row(
+            str(batch_id),
+            f"{commit.rows:,}",
+            str(len(commit.shards)),
+            size,
+            escape(span),
+            escape(commit.committed_at[:19]),
+            escape(sources[:80]),
+        )
+    console.print(table)
+    positions = channel.positions()
+    if positions:
+        table = Table(title="consumer groups", title_justify="left")
+        for header in ("group", "rank", "read up to batch", "updated"):
+            table.add_column(header)
+        for group, ranks in sorted(positions.items()):
+            for p in sorted(ranks, key=lambda p: p.rank):
+                table.add_row(
+                    escape(group),
+                    f"{p.rank}/{p.world_size}",
+                    str(p.consumed_upto),
+                    escape(p.updated_at[:19]),
+                )
+        console.print(table)
+
+
+@handoff.command("verify")
+@click.argument("where")
+@click.argument("name")
+@friendly
+def verify(where: str, name: str) -> None:
+    """Read every kept shard and check it against its commit's checksum; exit 1 on damage."""
+    from flow.handoff.shards import read_shard
+
+    channel = _channel(where, name)
+    checked = damaged = 0
+    for batch_id in channel.commit_ids():
+        if channel.retired(batch_id):
+            continue
+        for shard in channel.commit(batch_id).shards:
+            try:
+                read_shard(channel.folder, shard, verify=True, commit=batch_id)
+            except ShardCorruptError as exc:
+                console.print(
+                    f"[red]damaged:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+                )
+                damaged += 1
+            checked += 1
+    console.print(f"{checked:,} shards checked, {damaged:,} damaged")
+    if damaged:
+        raise SystemExit(1)
+
+
+@handoff.command("close")
+@click.argument("where")
+@click.argument("name")
+@friendly
+def close(where: str, name: str) -> None:
+    """Mark the channel finished: following readers end after its last commit."""
+    _channel(where, name).close()
+    console.print(f"closed {escape(name)}")
+
+
+@handoff.command("retire")
+@click.argument("where")
+@click.argument("name")
+@friendly
+def retire(where: str, name: str) -> None:
+    """Delete the shards every rank of every consumer group has read."""
+    channel = _channel(where, name)
+    if not channel.positions():
+        raise FlowError(
+            f"channel {name!r} has no consumer groups recorded, so nothing is known to be read; "
+            "readers record positions with ReadOptions(consumer_group=...)"
+        )
+    freed = channel.retire()
+    console.print(
+        f"freed {_mb(freed)}; read by every group up to batch {channel.consumed_by_all()}"
+    )
+
+
+@handoff.command("drop")
+@click.argument("where")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Really delete the channel, its shards and commits.")
+@friendly
+def drop(where: str, name: str, yes: bool) -> None:
+    """Delete a channel entirely (its writer's next run starts it again from batch 0)."""
+    channel = _channel(where, name)
+    if not yes:
+        raise FlowError(f"this deletes {channel.folder} and everything in it; add --yes to do it")
+    channel.folder.fs.delete_dir(channel.folder.path)
+    console.print(f"dropped {escape(str(channel.folder))}")
