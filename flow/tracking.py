@@ -12,13 +12,13 @@ import importlib.metadata
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from flow import versions
 
-__all__ = ["MlflowTracker", "NullTracker", "Run", "Tracker", "stack_versions"]
+__all__ = ["MlflowTracker", "NullTracker", "ResilientRun", "Run", "Tracker", "stack_versions"]
 
 
 def stack_versions() -> dict[str, str]:
@@ -177,6 +177,16 @@ class MlflowTracker:
                 self._parent = None
 
     @contextlib.contextmanager
+    def attach(self, run_id: str) -> Iterator[Run]:
+        """An existing run (another process's pipeline run) as the parent of the stages opened
+        inside; it is neither created nor ended here."""
+        self._parent = _MlflowRun(self.client, run_id)
+        try:
+            yield self._parent
+        finally:
+            self._parent = None
+
+    @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[Run]:
         """A nested run for one stage of the current pipeline run, timed."""
         tags = {"flow.kind": "stage", "flow.stage": name}
@@ -186,3 +196,69 @@ class MlflowTracker:
         with self._run(name, tags) as run:
             yield run
             run.log_metrics({"duration_s": time.monotonic() - started})
+
+
+class ResilientRun:
+    """A run whose logging never raises: a streaming job outlives its tracking server.
+
+    A call that fails (server down, network) is reported once per outage and kept, with every
+    call after it, in order; the queue is retried at most every ``retry_after`` seconds and on
+    ``flush()``. Beyond ``max_pending`` calls the oldest are dropped, and counted.
+    """
+
+    def __init__(
+        self,
+        run: Run,
+        report: Callable[[str], None],
+        *,
+        retry_after: float = 5.0,
+        max_pending: int = 10_000,
+    ) -> None:
+        self.run = run
+        self.run_id = run.run_id
+        self.report = report
+        self.retry_after = retry_after
+        self.max_pending = max_pending
+        self.pending: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.dropped = 0
+        self._failed_at: float | None = None
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> None:
+        self.pending.append((method, args, kwargs))
+        if len(self.pending) > self.max_pending:
+            del self.pending[0]
+            self.dropped += 1
+        if self._failed_at is None or time.monotonic() - self._failed_at >= self.retry_after:
+            self.flush()
+
+    def flush(self) -> bool:
+        """Send what is queued; True when nothing is left."""
+        while self.pending:
+            method, args, kwargs = self.pending[0]
+            try:
+                getattr(self.run, method)(*args, **kwargs)
+            except Exception as exc:  # any failure of the tracking client is survivable
+                if self._failed_at is None:
+                    self.report(
+                        f"MLflow tracking failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                        f"keeping the calls and retrying every {self.retry_after:.0f}s"
+                    )
+                self._failed_at = time.monotonic()
+                return False
+            self.pending.pop(0)
+        if self._failed_at is not None:
+            self.report(f"MLflow tracking is back; {self.dropped} calls were dropped")
+            self._failed_at = None
+        return True
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self._call("log_params", dict(params))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self._call("log_metrics", dict(metrics), step=step)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self._call("set_tags", dict(tags))
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        self._call("log_dict", data, artifact_file)

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flow.config import StackConfig
-from flow.tracking import MlflowTracker, NullTracker
+from flow.tracking import MlflowTracker, NullTracker, ResilientRun
 
 
 def _failing_stage(tracker: MlflowTracker) -> None:
@@ -54,3 +54,34 @@ def test_the_null_tracker_records_nothing_but_accepts_everything() -> None:
         stage.log_dict({"a": 1}, "a.json")
         run.set_tags({"t": "v"})
     assert run.run_id == "untracked"
+
+
+class _FlakyRun:
+    """A run whose server is down until ``up`` is set."""
+
+    run_id = "flaky"
+
+    def __init__(self) -> None:
+        self.up = False
+        self.logged: list[dict[str, float]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if not self.up:
+            raise ConnectionError("connection refused")
+        self.logged.append(metrics)
+
+
+def test_a_tracking_outage_is_reported_once_and_its_calls_retried_in_order() -> None:
+    flaky = _FlakyRun()
+    said: list[str] = []
+    run = ResilientRun(flaky, said.append, retry_after=0.0)  # type: ignore[arg-type]
+    run.log_metrics({"a": 1})
+    run.log_metrics({"a": 2})
+    assert flaky.logged == []
+    assert len(run.pending) == 2
+    assert len(said) == 1
+    assert "connection refused" in said[0]
+    flaky.up = True
+    run.log_metrics({"a": 3})
+    assert flaky.logged == [{"a": 1}, {"a": 2}, {"a": 3}]
+    assert "back" in said[-1]

@@ -29,4 +29,7 @@ def test_require_gpu_fails_exactly_when_no_gpu_is_visible(
 def test_json_output_and_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert trainers_main(["doctor", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["torch"] == torch.__version__
-    assert trainers_main(["train"]) == 2
+    assert trainers_main(["serve"]) == 2  # not a command
+    with pytest.raises(SystemExit) as exited:
+        trainers_main(["train"])  # argparse: --channel is required
+    assert exited.value.code == 2

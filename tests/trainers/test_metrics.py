@@ -1,0 +1,173 @@
+"""Streaming metrics: exact AUC with ties and weights, log loss, calibration, across ranks."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.multiprocessing.spawn import spawn
+
+from trainers.metrics import BinaryMetrics, binary_auc
+
+
+def auc_by_pairs(scores, labels, weights) -> float:
+    """Every positive-negative pair: 1 if ranked right, 1/2 if tied, weighted by both weights."""
+    wins = total = 0.0
+    for i, j in itertools.product(range(len(scores)), repeat=2):
+        if labels[i] == 1 and labels[j] == 0:
+            pair = weights[i] * weights[j]
+            total += pair
+            wins += pair * (1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0)
+    return wins / total if total else math.nan
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(-3, 3), st.integers(0, 1), st.sampled_from([0.5, 1.0, 2.0])),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_auc_equals_the_pairwise_count_with_ties_and_weights(rows):
+    scores, labels, weights = (np.array(c, dtype=np.float64) for c in zip(*rows, strict=True))
+    expected = auc_by_pairs(scores, labels, weights)
+    if math.isnan(expected):
+        assert math.isnan(binary_auc(scores, labels, weights))
+    else:
+        assert binary_auc(scores, labels, weights) == pytest.approx(expected, abs=1e-12)
+
+
+def test_auc_of_known_cases():
+    assert binary_auc([0.1, 0.9], [0, 1]) == 1.0
+    assert binary_auc([0.9, 0.1], [0, 1]) == 0.0
+    assert binary_auc([0.5, 0.5, 0.5], [0, 1, 1]) == 0.5
+    assert math.isnan(binary_auc([], []))
+    assert math.isnan(binary_auc([0.1, 0.2], [1, 1]))
+
+
+def random_predictions(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 2, (n,), generator=g).float()
+    # Rounded logits: plenty of ties.
+    logits = torch.round(2 * torch.randn(n, generator=g) + labels)
+    weights = torch.rand(n, generator=g) + 0.5
+    return logits, labels, weights
+
+
+def test_streamed_batches_give_the_metrics_of_the_whole():
+    logits, labels, weights = random_predictions(1000)
+    metrics = BinaryMetrics()
+    for start in range(0, 1000, 128):
+        chunk = slice(start, start + 128)
+        metrics.update(logits[chunk], labels[chunk], weights[chunk])
+    result = metrics.compute()
+
+    losses = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    probabilities = torch.sigmoid(logits)
+    assert result["count"] == 1000
+    assert result["auc_count"] == 1000
+    assert result["auc"] == pytest.approx(
+        binary_auc(logits.numpy(), labels.numpy(), weights.numpy())
+    )
+    assert result["logloss"] == pytest.approx(float((losses * weights).sum() / weights.sum()))
+    assert result["positive_rate"] == pytest.approx(float((labels * weights).sum() / weights.sum()))
+    assert result["calibration"] == pytest.approx(
+        float((probabilities * weights).sum() / (labels * weights).sum())
+    )
+
+
+def test_unweighted_log_loss_is_torchs_bce():
+    logits, labels, _ = random_predictions(500, seed=3)
+    metrics = BinaryMetrics()
+    metrics.update(logits.double() * 10, labels)  # large logits: the loss must stay finite
+    expected = F.binary_cross_entropy_with_logits(logits.double() * 10, labels.double())
+    assert metrics.compute()["logloss"] == pytest.approx(float(expected))
+
+
+def test_weights_count_as_repeated_rows():
+    logits = torch.tensor([2.0, -1.0, 0.5, 0.0])
+    labels = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    weighted = BinaryMetrics()
+    weighted.update(logits, labels, torch.tensor([3.0, 1.0, 2.0, 1.0]))
+    repeats = torch.tensor([3, 1, 2, 1])
+    repeated = BinaryMetrics()
+    repeated.update(logits.repeat_interleave(repeats), labels.repeat_interleave(repeats))
+    a, b = weighted.compute(), repeated.compute()
+    for key in ("auc", "logloss", "positive_rate", "calibration"):
+        assert a[key] == pytest.approx(b[key]), key
+
+
+def test_constant_labels_give_nan_auc_not_an_error(caplog):
+    metrics = BinaryMetrics()
+    metrics.update(torch.randn(10), torch.ones(10))
+    result = metrics.compute()
+    assert math.isnan(result["auc"])
+    assert result["positive_rate"] == 1.0
+    assert "only positive labels" in caplog.text
+
+
+def test_nothing_seen_is_nan_and_reset_forgets():
+    metrics = BinaryMetrics()
+    assert math.isnan(metrics.compute()["auc"])
+    metrics.update(torch.tensor([1.0, -1.0]), torch.tensor([1.0, 0.0]))
+    metrics.reset()
+    result = metrics.compute()
+    assert result["count"] == 0
+    assert math.isnan(result["logloss"])
+
+
+def test_mismatched_lengths_are_refused():
+    with pytest.raises(ValueError, match="one of each"):
+        BinaryMetrics().update(torch.zeros(3), torch.zeros(4))
+
+
+def test_past_capacity_memory_stays_bounded_and_auc_is_estimated():
+    logits, labels, weights = random_predictions(20_000, seed=5)
+    metrics = BinaryMetrics(capacity=5_000)
+    for start in range(0, 20_000, 1_500):
+        chunk = slice(start, start + 1_500)
+        metrics.update(logits[chunk], labels[chunk], weights[chunk])
+    result = metrics.compute()
+    exact = binary_auc(logits.numpy(), labels.numpy(), weights.numpy())
+    assert result["count"] == 20_000
+    assert result["auc_count"] == 5_000
+    assert result["auc"] == pytest.approx(exact, abs=0.02)
+    losses = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    assert result["logloss"] == pytest.approx(float((losses * weights).sum() / weights.sum()))
+
+
+def _rank(rank: int, world: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        logits, labels, weights = random_predictions(3000)
+        # Unequal shares, and rank 1 has more than its capacity: it keeps a sample.
+        mine = torch.arange(3000)[:1000] if rank == 0 else torch.arange(3000)[1000:]
+        metrics = BinaryMetrics(capacity=1000 if rank == 0 else 1500)
+        metrics.update(logits[mine], labels[mine], weights[mine])
+        torch.save(metrics.compute(distributed=True), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_compute_reports_the_global_metrics_on_every_rank(tmp_path: Path):
+    world = 2
+    out = str(tmp_path / "result")
+    spawn(_rank, args=(world, str(tmp_path / "store"), out), nprocs=world)  # type: ignore[no-untyped-call]
+    results = [torch.load(f"{out}.{rank}") for rank in range(world)]
+    logits, labels, weights = random_predictions(3000)
+    losses = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    assert results[0] == results[1]
+    assert results[0]["count"] == 3000
+    assert results[0]["auc_count"] == 2500
+    assert results[0]["logloss"] == pytest.approx(float((losses * weights).sum() / weights.sum()))
+    exact = binary_auc(logits.numpy(), labels.numpy(), weights.numpy())
+    assert results[0]["auc"] == pytest.approx(exact, abs=0.02)

@@ -1,0 +1,65 @@
+"""The trainer's runs in MLflow: nested under the pipeline run, metrics, a registered model."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flow.config import StackConfig
+from flow.tracking import MlflowTracker
+from tests.trainers.channels import LAYOUT, write
+from tests.trainers.test_train import config
+from trainers.export import example_frame
+from trainers.train import train
+
+
+@pytest.mark.integration
+def test_trainer_runs_nest_under_the_pipeline_run_and_register_the_model(
+    running_stack: StackConfig, tmp_path: Path
+) -> None:
+    write(tmp_path, "train", [2000, 2000])
+    write(tmp_path, "heldout", [1000], seed=5)
+    experiment = f"test-trainer-{uuid.uuid4().hex[:8]}"
+    name = f"ctr-{uuid.uuid4().hex[:6]}"
+    uri = running_stack.mlflow.tracking_uri
+    tracker = MlflowTracker(uri, experiment)
+    with tracker.pipeline_run("pipeline") as parent:
+        parent_id = parent.run_id
+    cfg = config(
+        tmp_path,
+        eval_channel="heldout",
+        tracking=True,
+        experiment=experiment,
+        parent_run_id=parent_id,
+        register_as=name,
+        log_every=5,
+    )
+    result = train(cfg, tracking_uri=uri, say=lambda _: None)
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"pipeline", "train", "evaluate"}
+    for stage in ("train", "evaluate"):
+        assert runs[stage].data.tags["mlflow.parentRunId"] == parent_id
+    trained = runs["train"].data
+    assert trained.params["model"] == "dlrm"
+    assert trained.params["world_size"] == "1"
+    for metric in ("loss", "samples_per_s", "data_stall_fraction", "progressive_auc"):
+        assert metric in trained.metrics, metric
+    history = client.get_metric_history(runs["train"].info.run_id, "loss")
+    assert len(history) >= 3  # over time, not once
+    assert runs["evaluate"].data.metrics["auc"] == pytest.approx(result.metrics["auc"])
+    (version,) = client.search_model_versions(f"name='{name}'")
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(f"models:/{name}/{version.version}")
+    inputs = model.metadata.signature.inputs.input_names()
+    assert inputs == ["age", "price", "user", "item", "country"]
+    frame = example_frame(LAYOUT)
+    predictions = model.predict(frame)
+    assert len(predictions) == len(frame)
+    assert ((predictions > 0) & (predictions < 1)).all()

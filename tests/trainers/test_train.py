@@ -1,0 +1,107 @@
+"""The training loop on real handoff channels (CPU, no tracking server)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flow.errors import ConfigError
+from tests.support import REPO
+from tests.trainers.channels import write
+from trainers.config import TrainConfig
+from trainers.models import ModelConfig
+from trainers.optim import OptimConfig
+from trainers.train import train
+
+
+def config(root: Path, **changes: object) -> TrainConfig:
+    base: dict[str, object] = {
+        "handoff": str(root),
+        "channels": ("train",),
+        "model": ModelConfig("dlrm", embedding_dim=8, hidden=(32, 16), bottom=(16,)),
+        "optim": OptimConfig(lr=0.01),
+        "batch_size": 128,
+        "window_batches": 4,
+        "device": "cpu",
+        "tracking": False,
+        "log_every": 10_000,
+        "checkpoint_dir": root / "checkpoints",
+        "checkpoint_every": 5,
+    }
+    return TrainConfig(**(base | changes))  # type: ignore[arg-type]
+
+
+def audit(folder: Path) -> np.ndarray:
+    return np.concatenate([np.load(f) for f in sorted(folder.glob("rank-0-*.npy"))])
+
+
+def test_training_learns_the_planted_signal_and_reports_it(tmp_path: Path) -> None:
+    write(tmp_path, "train", [4000, 4000])
+    write(tmp_path, "heldout", [3000], seed=99)
+    cfg = config(
+        tmp_path,
+        eval_channel="heldout",
+        epochs=2,
+        batch_size=256,
+        checkpoint_dir=None,
+        event_time="event_time",
+    )
+    result = train(cfg, say=lambda _: None)
+    assert result.rows == 2 * 8000
+    assert result.metrics["auc"] > 0.75, result.metrics
+    assert result.metrics["count"] == 3000
+    assert 0 <= result.stall_fraction < 1
+    assert result.freshness(0.5) is not None
+
+
+def test_a_resumed_trainer_continues_with_exactly_the_next_rows(tmp_path: Path) -> None:
+    write(tmp_path, "train", [3000, 2000])
+    whole = tmp_path / "whole"
+    train(config(tmp_path, audit_dir=whole, checkpoint_dir=tmp_path / "a"), say=lambda _: None)
+    expected = audit(whole)
+    # A trainer killed after step 17 restarts from its checkpoint of step 15 ...
+    checkpoints = tmp_path / "b"
+    first = tmp_path / "first"
+    train(
+        config(tmp_path, audit_dir=first, checkpoint_dir=checkpoints, max_steps=17),
+        say=lambda _: None,
+    )
+    (checkpoints / "latest").write_text("15")
+    second = tmp_path / "second"
+    result = train(config(tmp_path, audit_dir=second, checkpoint_dir=checkpoints), say=print)
+    assert result.resumed_from == 15
+    trained = np.concatenate([audit(first)[: 15 * 128], audit(second)])
+    assert np.array_equal(trained, expected)  # nothing skipped, nothing read twice
+
+
+def test_a_channel_without_a_layout_is_refused_with_the_reason(tmp_path: Path) -> None:
+    from tests.support import Writer
+
+    Writer(tmp_path, "train").commit([10])
+    with pytest.raises(ConfigError, match="records no feature layout"):
+        train(config(tmp_path), say=lambda _: None)
+
+
+def test_two_ranks_under_torchrun_see_disjoint_equal_shares(tmp_path: Path) -> None:
+    total = write(tmp_path, "train", [1500, 1100], buckets=4)
+    audit_dir = tmp_path / "audit"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--standalone", "-m", "trainers", "train",
+        "--handoff", str(tmp_path), "--channel", "train", "--batch-size", "100",
+        "--window-batches", "4", "--device", "cpu", "--no-tracking", "--model", "deepfm",
+        "--embedding-dim", "4", "--hidden", "8", "--audit-dir", str(audit_dir),
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOW_HOME": str(tmp_path / "home")}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [np.load(next(audit_dir.glob(f"rank-{r}-*.npy"))) for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == total // 2
+    assert not set(ranks[0].tolist()) & set(ranks[1].tolist())
+    assert len(set(ranks[0].tolist()) | set(ranks[1].tolist())) == total

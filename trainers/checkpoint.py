@@ -1,0 +1,89 @@
+"""Checkpoints: the model, the optimizer, the step and every rank's reader cursor.
+
+    <dir>/step-000000001200/model.pt        rank 0: model, optimizer, step, configs
+    <dir>/step-000000001200/cursor-3.pt     each rank: its reader's cursor after that step
+    <dir>/latest                            the step of the newest complete checkpoint
+
+A checkpoint becomes the latest only once every rank's cursor is on disk (rank 0 writes
+``latest`` after a barrier), so a trainer killed while saving restarts from the previous one.
+Files are written to a temporary name and renamed: a half-written file is never loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from flow.errors import ConfigError
+
+__all__ = ["Checkpointer"]
+
+
+def _save(obj: Any, path: Path) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, temporary)
+    os.replace(temporary, path)
+
+
+class Checkpointer:
+    """Saves and finds checkpoints under ``folder``, keeping the newest ``keep``."""
+
+    def __init__(self, folder: Path, rank: int = 0, world_size: int = 1, keep: int = 3) -> None:
+        self.folder = folder
+        self.rank = rank
+        self.world_size = world_size
+        self.keep = keep
+
+    def _step_folder(self, step: int) -> Path:
+        return self.folder / f"step-{step:012d}"
+
+    def latest(self) -> int | None:
+        marker = self.folder / "latest"
+        return int(marker.read_text()) if marker.exists() else None
+
+    def save(self, step: int, state: dict[str, Any], cursor: dict[str, Any]) -> Path:
+        """Every rank calls this at the same step; ``state`` matters on rank 0 only."""
+        target = self._step_folder(step)
+        target.mkdir(parents=True, exist_ok=True)
+        _save({"cursor": cursor, "world_size": self.world_size}, target / f"cursor-{self.rank}.pt")
+        if self.rank == 0:
+            _save({**state, "step": step}, target / "model.pt")
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        if self.rank == 0:
+            marker = self.folder / ".latest.tmp"
+            marker.write_text(str(step))
+            os.replace(marker, self.folder / "latest")
+            self._prune()
+        return target
+
+    def load(self, step: int | None = None) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """(state, this rank's cursor) of ``step`` or the latest; None when there is none."""
+        step = self.latest() if step is None else step
+        if step is None:
+            return None
+        target = self._step_folder(step)
+        cursor_file = target / f"cursor-{self.rank}.pt"
+        if not cursor_file.exists():
+            raise ConfigError(
+                f"checkpoint {target} has no cursor for rank {self.rank}: it was written by a "
+                "different number of ranks; restart with the same world size"
+            )
+        cursor = torch.load(cursor_file, weights_only=False)
+        if cursor["world_size"] != self.world_size:
+            raise ConfigError(
+                f"checkpoint {target} was written by {cursor['world_size']} ranks, this run has "
+                f"{self.world_size}: the reader cursor of each rank only fits the same world size"
+            )
+        state = torch.load(target / "model.pt", weights_only=False, map_location="cpu")
+        return state, cursor["cursor"]
+
+    def _prune(self) -> None:
+        steps = sorted(self.folder.glob("step-*"))
+        for old in steps[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)

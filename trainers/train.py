@@ -1,0 +1,405 @@
+"""The training loop: handoff batches -> CTR model -> checkpoints, metrics and MLflow.
+
+    torchrun --nproc-per-node 2 -m trainers train --namespace ctr --channel backfill
+
+One process per rank (torchrun sets RANK and WORLD_SIZE; gloo on CPU, NCCL on GPU). Every
+rank reads its own buckets and gets the same number of batches, so DDP's collectives line up.
+Checkpoints are taken at step counts (the same on every rank) and hold the model, the optimizer,
+the step and each rank's reader cursor: a restarted trainer continues with the next batch.
+
+Measured while training: samples/s, and the data-stall fraction, the time the loop waited for
+its next batch over the whole step time. Rank 0 tracks a ``train`` and an ``evaluate`` run in
+MLflow (nested under ``--parent-run-id`` when a pipeline run started the trainer); a tracking
+outage is reported and retried, never fatal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from flow.errors import ConfigError
+from flow.handoff import ChannelReader, MixedReader, ReadOptions, World
+from flow.pipeline.state import Layout
+from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Run, Tracker
+from trainers.checkpoint import Checkpointer
+from trainers.config import TrainConfig
+from trainers.loader import Batch, DeviceLoader
+from trainers.metrics import BinaryMetrics
+from trainers.models import CTRModel, build_model
+from trainers.optim import CowClip, build_optimizer
+
+__all__ = ["TrainResult", "train"]
+
+
+@dataclass
+class TrainResult:
+    steps: int = 0
+    rows: int = 0
+    """Rows this rank trained on."""
+    seconds: float = 0.0
+    wait_seconds: float = 0.0
+    resumed_from: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The last evaluation (or progressive validation) metrics."""
+    freshness_s: list[float] = field(default_factory=list)
+    """Per logged batch: seconds from the rows' median event time to the step that used them."""
+    run_id: str | None = None
+    model_uri: str | None = None
+    leader: bool = True
+    """Rank 0: the rank that tracks, exports and reports."""
+    world_size: int = 1
+
+    @property
+    def samples_per_s(self) -> float:
+        """Over all ranks (each reads the same number of rows)."""
+        return self.rows * self.world_size / self.seconds if self.seconds else 0.0
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.wait_seconds / self.seconds if self.seconds else 0.0
+
+    def freshness(self, quantile: float) -> float | None:
+        """A quantile of event-to-training seconds (None without an event-time column)."""
+        return float(np.quantile(self.freshness_s, quantile)) if self.freshness_s else None
+
+
+def fingerprints(tensors: dict[str, torch.Tensor]) -> np.ndarray:
+    """A 64-bit fingerprint per row of a batch (for audits: which rank saw which rows)."""
+    parts = [tensors[k].reshape(len(tensors["label"]), -1) for k in sorted(tensors)]
+    values = torch.cat([p.double().cpu() for p in parts], dim=1).numpy().view(np.uint64)
+    mixers = np.random.default_rng(0).integers(1, 2**63, values.shape[1], dtype=np.uint64) | 1
+    with np.errstate(over="ignore"):
+        mixed: np.ndarray = (values * mixers).sum(axis=1, dtype=np.uint64)
+    return mixed
+
+
+def _device(choice: str) -> torch.device:
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu")
+    if choice == "cuda":  # torchrun's LOCAL_RANK picks this process's GPU
+        choice = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return torch.device(choice)
+
+
+def _start_distributed(device: torch.device) -> World:
+    world = World.from_env()
+    if world.world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(minutes=10))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+    return world
+
+
+def _reader(config: TrainConfig, world: World, channels: tuple[str, ...], *, train: bool) -> Any:
+    options = ReadOptions(
+        batch_size=config.batch_size,
+        window_rows=config.batch_size * config.window_batches,
+        shuffle=train,
+        seed=config.seed,
+        follow=config.follow and train,
+        consumer_group=config.consumer_group if train else None,
+    )
+    readers = {c: ChannelReader(config.handoff, c, world=world, options=options) for c in channels}
+    if len(readers) == 1:
+        return next(iter(readers.values()))
+    if config.mix:
+        return MixedReader(readers, weights=config.mix, seed=config.seed)
+    return MixedReader(readers, priority=list(channels), seed=config.seed)
+
+
+def _layout(config: TrainConfig) -> Layout:
+    """The feature layout the channels were written with (all of them must agree)."""
+    layouts = {}
+    for name in config.channels:
+        meta = ChannelReader(config.handoff, name).channel.meta()
+        if not meta.layout:
+            raise ConfigError(
+                f"channel {name!r} in {config.handoff} records no feature layout: it was not "
+                "written by a pipeline stage (write it with ExportOptions(layout=...))"
+            )
+        layouts[name] = meta.layout
+    if len({str(v) for v in layouts.values()}) > 1:
+        raise ConfigError(
+            f"channels {sorted(layouts)} have different feature layouts; train on channels of "
+            "one feature spec and feature state"
+        )
+    return Layout.from_dict(next(iter(layouts.values())))
+
+
+def _columns(layout: Layout) -> list[str]:
+    columns = ["label"]
+    if layout.dense:
+        columns.append("dense")
+    if layout.sparse:
+        columns.append("sparse")
+    columns += [f"seq_{name}" for name, _, _ in layout.sequences]
+    return columns
+
+
+def _loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    labels = batch["label"].float()
+    weight = batch.get("weight")
+    return nn.functional.binary_cross_entropy_with_logits(
+        logits.float(), labels, weight=weight.float() if weight is not None else None
+    )
+
+
+def evaluate(
+    model: nn.Module,
+    batches: Iterator[Batch],
+    *,
+    limit: int | None,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> dict[str, float]:
+    """AUC, log loss and calibration over ``batches`` (all ranks' predictions together)."""
+    metrics = BinaryMetrics()
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for n, batch in enumerate(batches):
+            if limit is not None and n >= limit:
+                break
+            with autocast():
+                logits = model(batch.tensors)
+            metrics.update(logits.float(), batch.tensors["label"], batch.tensors.get("weight"))
+    model.train(was_training)
+    return metrics.compute(distributed=dist.is_initialized())
+
+
+class _Session:
+    """One rank's run: model, optimizer, data, tracking; ``run()`` trains."""
+
+    def __init__(
+        self, config: TrainConfig, say: Callable[[str], None], tracking_uri: str | None
+    ) -> None:
+        self.config = config
+        self.tracking_uri = tracking_uri
+        self.device = _device(config.device)
+        self.world = _start_distributed(self.device)
+        self.leader = self.world.rank == 0
+        self.say = say if self.leader else (lambda _: None)
+        torch.manual_seed(config.seed)
+        self.layout = _layout(config)
+        self.model: CTRModel = build_model(config.model, self.layout).to(self.device)
+        self.optimizer = build_optimizer(self.model, config.optim)
+        self.clip = CowClip.from_config(config.optim)
+        self.net: nn.Module = self.model
+        if self.world.world_size > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.net = DistributedDataParallel(self.model, device_ids=ids)
+        if config.compile:
+            self.net = torch.compile(self.net)  # type: ignore[assignment]
+        bf16 = config.bf16 if config.bf16 is not None else self.device.type == "cuda"
+        self.bf16 = bf16
+        self.reader = _reader(config, self.world, config.channels, train=True)
+        self.columns = _columns(self.layout)
+        self.checkpoints = (
+            Checkpointer(config.checkpoint_dir, self.world.rank, self.world.world_size)
+            if config.checkpoint_dir
+            else None
+        )
+        self.step = 0
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "model_config": asdict(self.config.model),
+            "layout": self.layout.to_dict(),
+        }
+
+    def resume(self) -> int | None:
+        found = self.checkpoints.load() if self.checkpoints else None
+        if found is None:
+            return None
+        state, cursor = found
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.reader.load_state_dict(cursor)
+        self.step = int(state["step"])
+        self.say(f"resumed from the checkpoint of step {self.step}")
+        return self.step
+
+    def evaluate(self) -> dict[str, float]:
+        if not self.config.eval_channel:
+            return {}
+        reader = _reader(self.config, self.world, (self.config.eval_channel,), train=False)
+        loader = DeviceLoader(reader, self.device, self.columns)
+        return evaluate(
+            self.net, iter(loader), limit=self.config.eval_batches, autocast=self.autocast
+        )
+
+    def _epochs_left(self) -> bool:
+        # Following reads the channels once, until their producer closes them.
+        epochs = 1 if self.config.follow else self.config.epochs
+        return int(self.reader.epoch) < epochs
+
+    def run(self, run: Run, result: TrainResult) -> None:
+        config = self.config
+        loader = DeviceLoader(self.reader, self.device, self.columns, event_time=config.event_time)
+        progressive = BinaryMetrics(capacity=1_000_000)
+        window_rows = window_wait = 0.0
+        window_started = time.perf_counter()
+        started = time.perf_counter()
+        last_cursor: dict[str, Any] | None = None
+        audit: list[np.ndarray] = []
+        done = False
+        while not done and self._epochs_left():
+            for batch in loader:
+                tensors = batch.tensors
+                with self.autocast():
+                    logits = self.net(tensors)
+                loss = _loss(logits, tensors)
+                progressive.update(logits.detach().float(), tensors["label"], tensors.get("weight"))
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()  # type: ignore[no-untyped-call]
+                if self.clip is not None:
+                    self.clip.apply(self.model, tensors)
+                self.optimizer.step()
+                self.step += 1
+                last_cursor = batch.cursor
+                if config.audit_dir is not None:
+                    audit.append(fingerprints(tensors))
+                result.rows += batch.rows
+                result.wait_seconds += batch.wait_s
+                window_rows += batch.rows
+                window_wait += batch.wait_s
+                if batch.event_time_us is not None and len(batch.event_time_us):
+                    event = float(np.median(batch.event_time_us.numpy())) / 1e6
+                    result.freshness_s.append(time.time() - event)
+                if self.step % config.log_every == 0:
+                    elapsed = time.perf_counter() - window_started
+                    metrics = {
+                        "loss": float(loss.detach()),
+                        "samples_per_s": window_rows * self.world.world_size / elapsed,
+                        "data_stall_fraction": window_wait / elapsed,
+                        **{f"progressive_{k}": v for k, v in progressive.compute().items()},
+                    }
+                    run.log_metrics(metrics, step=self.step)
+                    self.say(
+                        f"step {self.step}: loss {metrics['loss']:.4f}, "
+                        f"{metrics['samples_per_s']:,.0f} samples/s, "
+                        f"stall {metrics['data_stall_fraction']:.1%}"
+                    )
+                    progressive.reset()
+                    window_rows = window_wait = 0.0
+                    window_started = time.perf_counter()
+                if config.eval_every and self.step % config.eval_every == 0:
+                    scores = self.evaluate()
+                    run.log_metrics({f"eval_{k}": v for k, v in scores.items()}, step=self.step)
+                if self.checkpoints and self.step % config.checkpoint_every == 0:
+                    self.checkpoints.save(self.step, self.state(), batch.cursor)
+                if config.export_every and self.step % config.export_every == 0 and self.leader:
+                    result.model_uri = export_model(self, run, final=False)
+                if config.max_steps is not None and self.step >= config.max_steps:
+                    done = True
+                    break
+        result.seconds = time.perf_counter() - started
+        result.steps = self.step
+        if config.audit_dir is not None:
+            config.audit_dir.mkdir(parents=True, exist_ok=True)
+            rows = np.concatenate(audit) if audit else np.empty(0, dtype=np.uint64)
+            np.save(config.audit_dir / f"rank-{self.world.rank}-step-{self.step}.npy", rows)
+        if self.checkpoints and last_cursor is not None:
+            self.checkpoints.save(self.step, self.state(), last_cursor)
+        if not result.metrics:
+            result.metrics = {f"progressive_{k}": v for k, v in progressive.compute().items()}
+
+
+def export_model(session: _Session, run: Run, *, final: bool) -> str | None:
+    """Log the model to MLflow (pyfunc, with a signature) and register it when asked."""
+    from trainers.export import log_model
+
+    return log_model(
+        session.model,
+        session.layout,
+        run.run_id,
+        tracking_uri=session.tracking_uri,
+        register_as=session.config.register_as if final else None,
+    )
+
+
+def _tracker(config: TrainConfig, tracking_uri: str | None) -> Tracker:
+    if not config.tracking or tracking_uri is None:
+        return NullTracker()
+    return MlflowTracker(tracking_uri, config.experiment)
+
+
+def train(
+    config: TrainConfig,
+    *,
+    tracking_uri: str | None = None,
+    say: Callable[[str], None] = print,
+) -> TrainResult:
+    """Train on ``config``'s channels; every rank calls this. Rank 0 tracks and exports."""
+    session = _Session(config, say, tracking_uri)
+    result = TrainResult(leader=session.leader, world_size=session.world.world_size)
+    tracker = _tracker(config, tracking_uri if session.leader else None)
+    parent = (
+        tracker.attach(config.parent_run_id)
+        if config.parent_run_id and isinstance(tracker, MlflowTracker)
+        else tracker.pipeline_run("trainer", params={"channels": ",".join(config.channels)})
+    )
+    with parent, tracker.stage("train") as stage:
+        run = ResilientRun(stage, session.say)
+        run.log_params(_params(config, session))
+        result.resumed_from = session.resume()
+        session.run(run, result)
+        result.run_id = stage.run_id
+        run.log_metrics(
+            {
+                "samples_per_s": result.samples_per_s,
+                "data_stall_fraction": result.stall_fraction,
+                "steps": result.steps,
+                "rows": result.rows,
+            },
+            step=result.steps,
+        )
+        if session.leader and config.tracking and tracking_uri:
+            run.flush()
+            result.model_uri = export_model(session, stage, final=True)
+        with tracker.stage("evaluate") as evaluation:
+            scores = session.evaluate()
+            if scores:
+                result.metrics = scores
+                ResilientRun(evaluation, session.say).log_metrics(scores, step=result.steps)
+    if dist.is_initialized():
+        dist.barrier()
+    return result
+
+
+def _params(config: TrainConfig, session: _Session) -> dict[str, Any]:
+    return {
+        "handoff": config.handoff,
+        "channels": ",".join(config.channels),
+        "mix": config.mix,
+        "model": config.model.name,
+        **{f"model.{k}": v for k, v in asdict(config.model).items()},
+        **{f"optim.{k}": v for k, v in asdict(config.optim).items()},
+        "batch_size": config.batch_size,
+        "world_size": session.world.world_size,
+        "device": str(session.device),
+        "bf16": session.bf16,
+        "compile": config.compile,
+        "parameters": sum(p.numel() for p in session.model.parameters()),
+    }
