@@ -315,12 +315,12 @@ def _abbreviated(argv: Sequence[str]) -> str:
     return shlex.join(shown)
 
 
-def _launch(argv: Sequence[str], stack: StackConfig) -> int:
+def _launch(argv: Sequence[str], stack: StackConfig, extra: dict[str, str] | None = None) -> int:
     from flow.engine import load_engine
 
     launch = load_engine("spark").submit_command(list(argv), stack)
     console.print(f"[dim]$ {escape(_abbreviated(launch.argv))}[/]", highlight=False, soft_wrap=True)
-    return subprocess.call(launch.argv, env={**os.environ, **launch.env})
+    return subprocess.call(launch.argv, env={**os.environ, **launch.env, **(extra or {})})
 
 
 @main.command(context_settings=_passthrough)
@@ -336,10 +336,21 @@ def submit(argv: tuple[str, ...]) -> None:
 
 
 @main.command(context_settings=_passthrough)
+@click.option(
+    "--train",
+    "train_args",
+    metavar="ARGS",
+    help='Also run a trainer following the job\'s channels: "--channel live --model dlrm ...".',
+)
+@click.option("--train-procs", default=1, show_default=True, help="Trainer processes (ranks).")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
 @friendly
-def run(argv: tuple[str, ...]) -> None:
-    """Bring the local stack up, then submit APP on it (like `flow submit`)."""
+def run(argv: tuple[str, ...], train_args: str | None, train_procs: int) -> None:
+    """Bring the local stack up, then submit APP on it (like `flow submit`).
+
+    With --train, a trainer (torchrun -m trainers train --follow ARGS) runs beside the job and
+    both nest under one MLflow run; the trainer ends after the job, once it has read everything.
+    """
     from flow import services as svc
 
     stack = stack_config()
@@ -348,7 +359,14 @@ def run(argv: tuple[str, ...]) -> None:
     if unhealthy:
         console.print(_status_table(rows))
         raise FlowError(f"the local stack is not healthy: {', '.join(r.name for r in unhealthy)}")
-    raise SystemExit(_launch(argv, stack))
+    if train_args is None:
+        raise SystemExit(_launch(argv, stack))
+    from flow.together import run_together
+
+    def spark(app: Sequence[str], extra: dict[str, str]) -> int:
+        return _launch(app, stack, extra)
+
+    raise SystemExit(run_together(argv, train_args, train_procs, stack, spark, progress))
 
 
 @main.command(context_settings=_passthrough)

@@ -51,6 +51,7 @@ ENV_VARS: Mapping[str, str] = {
     "FLOW_HANDOFF": "root of handoff locations, a path or URI (default $FLOW_HOME/handoff)",
     "FLOW_MLFLOW_PORT": "port of the local MLflow server (default 15000)",
     "MLFLOW_TRACKING_URI": "an external MLflow tracking server (unset: the local one)",
+    "FLOW_PARENT_RUN_ID": "an MLflow run that pipeline and trainer runs nest under",
     "FLOW_SPARK_MASTER": "Spark master when not launched by spark-submit (default local[*])",
     "FLOW_SPARK_DRIVER_MEMORY": "driver memory of local Spark sessions (default 2g)",
 }

@@ -18,7 +18,17 @@ from typing import Any, Protocol
 
 from flow import versions
 
-__all__ = ["MlflowTracker", "NullTracker", "ResilientRun", "Run", "Tracker", "stack_versions"]
+PARENT_RUN_ENV = "FLOW_PARENT_RUN_ID"
+
+__all__ = [
+    "PARENT_RUN_ENV",
+    "MlflowTracker",
+    "NullTracker",
+    "ResilientRun",
+    "Run",
+    "Tracker",
+    "stack_versions",
+]
 
 
 def stack_versions() -> dict[str, str]:
@@ -167,7 +177,21 @@ class MlflowTracker:
         params: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
     ) -> Iterator[Run]:
-        """The parent run; stages opened inside it nest under it."""
+        """The parent run; stages opened inside it nest under it.
+
+        With FLOW_PARENT_RUN_ID set (``flow run --train`` sets it for the Spark job and the
+        trainer), that run is the parent instead: both processes' stages nest under one run.
+        """
+        outer = os.environ.get(PARENT_RUN_ENV)
+        if outer:
+            with self.attach(outer) as run:
+                run.set_tags({f"flow.part.{name}": "yes", **(tags or {})})
+                # Parameters cannot change once logged: each part prefixes its own.
+                run.log_params(
+                    {**stack_versions(), **{f"{name}.{k}": v for k, v in (params or {}).items()}}
+                )
+                yield run
+            return
         with self._run(name, {"flow.kind": "pipeline", **(tags or {})}) as run:
             run.log_params({**stack_versions(), **(params or {})})
             self._parent = run
@@ -180,6 +204,7 @@ class MlflowTracker:
     def attach(self, run_id: str) -> Iterator[Run]:
         """An existing run (another process's pipeline run) as the parent of the stages opened
         inside; it is neither created nor ended here."""
+        self.experiment_id = self.client.get_run(run_id).info.experiment_id  # nest in its UI
         self._parent = _MlflowRun(self.client, run_id)
         try:
             yield self._parent

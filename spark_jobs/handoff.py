@@ -195,6 +195,7 @@ def export(
         feature_state=options.feature_state,
         max_unconsumed_bytes=options.max_unconsumed_bytes,
     )
+    channel.reopen()
     waited = channel.wait_for_room(progress)
     if waited > 1:
         progress(f"channel {channel.name}: waited {waited:.0f}s for consumers (backpressure)")

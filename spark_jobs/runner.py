@@ -15,7 +15,7 @@ from flow.console import console as make_console
 from flow.pipeline.model import BackfillStage, Pipeline
 from flow.pipeline.run import RunOptions
 from flow.pipeline.state import FeatureState, layout
-from flow.tracking import MlflowTracker, NullTracker, Run, Tracker
+from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Run, Tracker
 from spark_jobs.backfill import run_backfill
 from spark_jobs.live import run_live
 from spark_jobs.report import StageReport
@@ -62,10 +62,12 @@ def _log_state(run: Run, pipeline: Pipeline, stage_spec: Any, state: FeatureStat
 
 
 def _batch_logger(run: Run) -> Callable[[dict[str, float], int], None]:
-    """Per-micro-batch metrics of a live stage, as MLflow metric steps."""
+    """Per-micro-batch metrics of a live stage, as MLflow metric steps. A tracking outage is
+    reported and retried (ResilientRun): it never stops the stream."""
+    resilient = ResilientRun(run, _say)
 
     def log(metrics: dict[str, float], step: int) -> None:
-        run.log_metrics(metrics, step=step)
+        resilient.log_metrics(metrics, step=step)
 
     return log
 

@@ -64,6 +64,8 @@ class TrainConfig:
     register_as: str | None = None
     event_time: str | None = None
     """A timestamp column of the rows, for freshness (event -> training step)."""
+    wait_for_channels: float = 0.0
+    """Seconds to wait for the channels to appear (a trainer started beside its Spark job)."""
     audit_dir: Path | None = None
     """Debugging: each rank writes a fingerprint of every row it trained on (rank-<r>.npy)."""
 
@@ -120,6 +122,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-run-id", help="nest the trainer's runs under this MLflow run")
     p.add_argument("--register-as", help="register the model under this name")
     p.add_argument("--event-time", help="timestamp column, for event-to-training freshness")
+    p.add_argument(
+        "--wait-for-channels", type=float, default=0.0, help="seconds to wait for the channels"
+    )
     p.add_argument("--audit-dir", type=Path, help="write per-rank fingerprints of rows trained on")
     p.add_argument("--result-file", type=Path, help="rank 0 writes the run's summary as JSON")
     return p
@@ -173,4 +178,5 @@ def parse(argv: list[str], stack: StackConfig | None = None) -> TrainConfig:
         register_as=args.register_as,
         event_time=args.event_time,
         audit_dir=args.audit_dir,
+        wait_for_channels=args.wait_for_channels,
     )

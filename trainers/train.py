@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from flow.errors import ConfigError
-from flow.handoff import ChannelReader, MixedReader, ReadOptions, World
+from flow.handoff import Channel, ChannelReader, MixedReader, ReadOptions, World
 from flow.pipeline.state import Layout
 from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Run, Tracker
 from trainers.checkpoint import Checkpointer
@@ -122,6 +122,20 @@ def _reader(config: TrainConfig, world: World, channels: tuple[str, ...], *, tra
     return MixedReader(readers, priority=list(channels), seed=config.seed)
 
 
+def _wait_for(config: TrainConfig, say: Callable[[str], None]) -> None:
+    """Until every channel exists (its writer creates it with its first batch), or time is up."""
+    deadline = time.monotonic() + config.wait_for_channels
+    said = False
+    while True:
+        missing = [c for c in config.channels if not Channel(config.handoff, c).exists()]
+        if not missing or time.monotonic() >= deadline:
+            return  # a channel still missing fails below, naming what exists
+        if not said:
+            say(f"waiting for channel(s) {', '.join(missing)} in {config.handoff}")
+            said = True
+        time.sleep(1.0)
+
+
 def _layout(config: TrainConfig) -> Layout:
     """The feature layout the channels were written with (all of them must agree)."""
     layouts = {}
@@ -194,6 +208,7 @@ class _Session:
         self.leader = self.world.rank == 0
         self.say = say if self.leader else (lambda _: None)
         torch.manual_seed(config.seed)
+        _wait_for(config, self.say)
         self.layout = _layout(config)
         self.model: CTRModel = build_model(config.model, self.layout).to(self.device)
         self.optimizer = build_optimizer(self.model, config.optim)
@@ -258,6 +273,7 @@ class _Session:
         config = self.config
         loader = DeviceLoader(self.reader, self.device, self.columns, event_time=config.event_time)
         progressive = BinaryMetrics(capacity=1_000_000)
+        scored: dict[str, float] = {}  # the last progressive validation reported
         window_rows = window_wait = 0.0
         window_started = time.perf_counter()
         started = time.perf_counter()
@@ -289,11 +305,12 @@ class _Session:
                     result.freshness_s.append(time.time() - event)
                 if self.step % config.log_every == 0:
                     elapsed = time.perf_counter() - window_started
+                    scored = progressive.compute()
                     metrics = {
                         "loss": float(loss.detach()),
                         "samples_per_s": window_rows * self.world.world_size / elapsed,
                         "data_stall_fraction": window_wait / elapsed,
-                        **{f"progressive_{k}": v for k, v in progressive.compute().items()},
+                        **{f"progressive_{k}": v for k, v in scored.items()},
                     }
                     run.log_metrics(metrics, step=self.step)
                     self.say(
@@ -322,8 +339,9 @@ class _Session:
             np.save(config.audit_dir / f"rank-{self.world.rank}-step-{self.step}.npy", rows)
         if self.checkpoints and last_cursor is not None:
             self.checkpoints.save(self.step, self.state(), last_cursor)
-        if not result.metrics:
-            result.metrics = {f"progressive_{k}": v for k, v in progressive.compute().items()}
+        if progressive.count:
+            scored = progressive.compute()
+        result.metrics = result.metrics or {f"progressive_{k}": v for k, v in scored.items()}
 
 
 def export_model(session: _Session, run: Run, *, final: bool) -> str | None:

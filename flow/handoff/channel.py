@@ -213,6 +213,11 @@ class Channel:
         """Tell followers the producer has finished; they end after the last commit."""
         self.folder.write_bytes(CLOSED_FILE, datetime.now(UTC).isoformat().encode())
 
+    def reopen(self) -> None:
+        """A producer writes again (a live stage restarted after ``flow run`` closed it)."""
+        if self.closed():
+            self.folder.fs.delete_file(f"{self.folder.path}/{CLOSED_FILE}")
+
     # -- consumers and retention --------------------------------------------------------------
 
     def record(self, position: ConsumerPosition) -> None:

@@ -187,3 +187,11 @@ def test_weights_mix_channels_in_proportion_and_priority_in_order(tmp_path: Path
     ordered = MixedReader(readers(), priority=["b", "a"])
     channels = [ordered.last_channel for _ in ordered for _ in [0]]
     assert channels == ["b"] * 400 + ["a"] * 400
+
+
+def test_a_closed_channel_reopens_when_its_producer_writes_again(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "c")
+    w.channel.close()
+    assert w.channel.closed()
+    w.channel.reopen()
+    assert not w.channel.closed()

@@ -1,0 +1,84 @@
+"""A Spark job and its trainer side by side: ``flow run --train "..." pipelines/APP.py``.
+
+The Spark job writes channels while the trainer (``torchrun -m trainers train``, one process
+per rank) follows them. Both nest their MLflow runs under one parent run made here
+(FLOW_PARENT_RUN_ID). When the Spark job ends, the channels the trainer follows are closed, so
+it reads what is left and ends cleanly; the command's exit code is the worse of the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from flow.config import StackConfig
+from flow.errors import ConfigError
+from flow.handoff.channel import Channel
+from flow.tracking import PARENT_RUN_ENV, MlflowTracker
+
+__all__ = ["TrainerLaunch", "run_together"]
+
+
+class TrainerLaunch:
+    """The trainer's command line, and the channels it will follow."""
+
+    def __init__(self, args: str, processes: int, stack: StackConfig, parent_run: str) -> None:
+        self.args = shlex.split(args)
+        known = argparse.ArgumentParser(add_help=False)
+        known.add_argument("--channel", action="append", default=[])
+        known.add_argument("--namespace", default="default")
+        known.add_argument("--handoff")
+        found, _ = known.parse_known_args(self.args)
+        if not found.channel:
+            raise ConfigError(
+                '--train needs the channels to train on, e.g. --train "--channel live"'
+            )
+        self.channels: list[str] = found.channel
+        self.handoff: str = found.handoff or f"{stack.handoff.rstrip('/')}/{found.namespace}"
+        rendezvous = ["--standalone", f"--nproc-per-node={processes}"]
+        self.argv = [
+            sys.executable, "-m", "torch.distributed.run", *rendezvous, "-m", "trainers", "train",
+            *self.args, "--follow", "--wait-for-channels", "600", "--parent-run-id", parent_run,
+        ]  # fmt: skip
+
+    def close_channels(self) -> None:
+        for name in self.channels:
+            channel = Channel(self.handoff, name)
+            if channel.exists():
+                channel.close()
+
+
+def run_together(
+    spark_argv: Sequence[str],
+    train_args: str,
+    processes: int,
+    stack: StackConfig,
+    launch_spark: Callable[[Sequence[str], dict[str, str]], int],
+    say: Callable[[str], None],
+) -> int:
+    """Start the trainer, run the Spark job, close the channels, wait for the trainer."""
+    app = next((a for a in spark_argv if a.endswith(".py")), "pipeline")
+    tracker = MlflowTracker(stack.mlflow.tracking_uri, f"pipeline-{Path(app).stem}")
+    with tracker.pipeline_run(Path(app).stem, params={"command": shlex.join(spark_argv)}) as run:
+        trainer = TrainerLaunch(train_args, processes, stack, run.run_id)
+        say(f"trainer: {shlex.join(trainer.argv[2:])}")
+        env = {**os.environ, PARENT_RUN_ENV: run.run_id}
+        process = subprocess.Popen(trainer.argv, env=env)
+        try:
+            spark_code = launch_spark(spark_argv, {PARENT_RUN_ENV: run.run_id})
+            say(f"Spark job ended ({spark_code}); closing {', '.join(trainer.channels)}")
+            trainer.close_channels()
+            trainer_code = process.wait()
+        except BaseException:
+            process.terminate()
+            process.wait(timeout=60)
+            raise
+        run.log_metrics({"spark_exit_code": spark_code, "trainer_exit_code": trainer_code})
+        if spark_code or trainer_code:
+            raise SystemExit(spark_code or trainer_code)
+    return 0
