@@ -35,6 +35,7 @@ from flow.pipeline.state import Layout
 from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Run, Tracker
 from trainers.checkpoint import Checkpointer
 from trainers.config import TrainConfig
+from trainers.lineage import commits_read, lineage_tags
 from trainers.loader import Batch, DeviceLoader
 from trainers.metrics import BinaryMetrics
 from trainers.models import CTRModel, build_model
@@ -229,6 +230,8 @@ class _Session:
             else None
         )
         self.step = 0
+        self.last_cursor: dict[str, Any] | None = None
+        """The reader's cursor after the last batch trained on (lineage reads it)."""
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.bf16:
@@ -333,6 +336,7 @@ class _Session:
                     break
         result.seconds = time.perf_counter() - started
         result.steps = self.step
+        self.last_cursor = last_cursor
         if config.audit_dir is not None:
             config.audit_dir.mkdir(parents=True, exist_ok=True)
             rows = np.concatenate(audit) if audit else np.empty(0, dtype=np.uint64)
@@ -393,6 +397,8 @@ def train(
             },
             step=result.steps,
         )
+        if session.leader and session.last_cursor is not None:
+            _log_lineage(session, run, session.last_cursor)
         if session.leader and config.tracking and tracking_uri:
             run.flush()
             result.model_uri = export_model(session, stage, final=True)
@@ -404,6 +410,22 @@ def train(
     if dist.is_initialized():
         dist.barrier()
     return result
+
+
+def _log_lineage(session: _Session, run: Run, cursor: dict[str, Any]) -> None:
+    """The commits read, their sources as tags, the rows' schema and layout as artifacts."""
+    config = session.config
+    commits = commits_read(config.handoff, config.channels, cursor)
+    run.log_dict(commits, "handoff_commits.json")
+    run.set_tags(lineage_tags(commits))
+    reader = ChannelReader(config.handoff, config.channels[0])
+    run.log_dict({f.name: str(f.type) for f in reader.schema}, "schema.json")
+    run.log_dict(session.layout.to_dict(), "layout.json")
+    read = [c for entries in commits.values() for c in entries]
+    run.log_metrics(
+        {"handoff_commits": len(read), "handoff_bytes": sum(c["bytes"] for c in read)},
+        step=session.step,
+    )
 
 
 def _params(config: TrainConfig, session: _Session) -> dict[str, Any]:

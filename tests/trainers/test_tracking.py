@@ -51,6 +51,10 @@ def test_trainer_runs_nest_under_the_pipeline_run_and_register_the_model(
     assert trained.params["world_size"] == "1"
     for metric in ("loss", "samples_per_s", "data_stall_fraction", "progressive_auc"):
         assert metric in trained.metrics, metric
+    assert trained.tags["lineage.train.commits"] == "0..1"
+    assert trained.metrics["handoff_commits"] == 2
+    artifacts = {a.path for a in client.list_artifacts(runs["train"].info.run_id)}
+    assert {"handoff_commits.json", "schema.json", "layout.json"} <= artifacts
     history = client.get_metric_history(runs["train"].info.run_id, "loss")
     assert len(history) >= 3  # over time, not once
     assert runs["evaluate"].data.metrics["auc"] == pytest.approx(result.metrics["auc"])

@@ -1,0 +1,63 @@
+"""What fed a model: the handoff commits a trainer read and the sources behind them.
+
+Every commit records its source positions (Iceberg snapshot ids, Kafka offset ranges) and event
+time range. The trainer logs the commits it read as an artifact, and one tag per channel and
+source (``lineage.<channel>.<source>``), so a registered model leads back to the snapshots and
+offsets it was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from flow.handoff import Channel
+
+__all__ = ["commits_read", "lineage_tags"]
+
+
+def _last_read(cursor: Mapping[str, Any], channel: str) -> int:
+    """The highest batch id the cursor has read from, wholly or in part (-1: none)."""
+    state = cursor.get("readers", {}).get(channel, cursor) if "readers" in cursor else cursor
+    after = int(state.get("after", -1))
+    # The commit after the last whole one is in progress once a batch of it was yielded.
+    return after + 1 if int(state.get("position", 0)) > 0 else after
+
+
+def commits_read(
+    handoff: str, channels: tuple[str, ...], cursor: Mapping[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """Per channel: the commits up to the cursor (batch id, rows, bytes, sources, times)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name in channels:
+        channel = Channel(handoff, name)
+        upto = _last_read(cursor, name)
+        found[name] = [
+            {
+                "batch_id": commit.batch_id,
+                "rows": commit.rows,
+                "bytes": commit.bytes,
+                "source_positions": commit.source_positions,
+                "event_time": commit.event_time,
+                "committed_at": commit.committed_at,
+            }
+            for commit in (channel.commit(b) for b in channel.commit_ids() if b <= upto)
+        ]
+    return found
+
+
+def lineage_tags(commits: Mapping[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """``lineage.<channel>.<source>``: the distinct positions read (first..last when many)."""
+    tags: dict[str, str] = {}
+    for channel, entries in commits.items():
+        tags[f"lineage.{channel}.commits"] = (
+            f"{entries[0]['batch_id']}..{entries[-1]['batch_id']}" if entries else "none"
+        )
+        keys = sorted({k for e in entries for k in e["source_positions"]})
+        for key in keys:
+            values = [e["source_positions"][key] for e in entries if key in e["source_positions"]]
+            distinct = list(dict.fromkeys(json.dumps(v, sort_keys=True) for v in values))
+            text = distinct[0] if len(distinct) == 1 else f"{distinct[0]} .. {distinct[-1]}"
+            tags[f"lineage.{channel}.{key}"] = text[:5000]
+    return tags
