@@ -13,7 +13,7 @@ TORCH_WHEEL := $(firstword $(wildcard ../shared/wheels/torch-*.whl))
 .PHONY: demo test unit checks setup jars down clean
 
 demo: setup
-	$(BIN)/flow run pipelines/smoke.py
+	$(BIN)/flow demo
 
 test: setup checks
 	$(BIN)/pytest -m "not integration"

@@ -4,6 +4,7 @@
     flow ui                              the MLflow UI of the local stack
     flow jars fetch | list               JVM artifacts in the project-local cache
     flow submit [spark-submit options] APP.py [args]
+    flow demo                            the whole product end to end on the local stack
     flow run APP.py [args]               services up, then submit on the local stack
     flow spark-args                      the options to give a plain spark-submit
     flow handoff ls | show | verify | close | retire | drop
@@ -366,7 +367,38 @@ def run(argv: tuple[str, ...], train_args: str | None, train_procs: int) -> None
     def spark(app: Sequence[str], extra: dict[str, str]) -> int:
         return _launch(app, stack, extra)
 
-    raise SystemExit(run_together(argv, train_args, train_procs, stack, spark, progress))
+    run_together(argv, train_args, train_procs, stack, spark, progress)
+
+
+@main.command()
+@click.option("--days", default=3, show_default=True, help="Days of Iceberg history.")
+@click.option("--per-day", default=20_000, show_default=True, help="Impressions per day.")
+@click.option("--live", default=20_000, show_default=True, help="Impressions in the Kafka stream.")
+@click.option("--per-batch", default=5_000, show_default=True, help="Impressions per micro-batch.")
+@click.option("--json", "as_json", is_flag=True, help="Also print the summary as JSON.")
+@friendly
+def demo(days: int, per_day: int, live: int, per_batch: int, as_json: bool) -> None:
+    """The whole product end to end: data, backfill and live stages, a trainer, a summary."""
+    from flow import services as svc
+    from flow.demo import DemoSize, run_demo, show, summarize
+
+    stack = stack_config()
+    started = time.monotonic()
+    rows = svc.up(stack, progress=progress)
+    if not all(r.healthy for r in rows):
+        console.print(_status_table(rows))
+        raise FlowError("the local stack is not healthy")
+    size = DemoSize(days=days, per_day=per_day, live=live, per_batch=per_batch)
+
+    def spark(app: Sequence[str], extra: dict[str, str]) -> int:
+        return _launch(app, stack, extra)
+
+    parent = run_demo(stack, size, spark, progress)
+    summary = summarize(stack, parent)
+    show(summary, console)
+    console.print(f"done in {time.monotonic() - started:.0f}s")
+    if as_json:
+        click.echo(json.dumps(summary))
 
 
 @main.command(context_settings=_passthrough)

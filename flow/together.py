@@ -60,10 +60,12 @@ def run_together(
     stack: StackConfig,
     launch_spark: Callable[[Sequence[str], dict[str, str]], int],
     say: Callable[[str], None],
-) -> int:
-    """Start the trainer, run the Spark job, close the channels, wait for the trainer."""
+    experiment: str | None = None,
+) -> str:
+    """Start the trainer, run the Spark job, close the channels, wait for the trainer; the id of
+    the MLflow run both nested under. A failure of either raises SystemExit with its code."""
     app = next((a for a in spark_argv if a.endswith(".py")), "pipeline")
-    tracker = MlflowTracker(stack.mlflow.tracking_uri, f"pipeline-{Path(app).stem}")
+    tracker = MlflowTracker(stack.mlflow.tracking_uri, experiment or f"pipeline-{Path(app).stem}")
     with tracker.pipeline_run(Path(app).stem, params={"command": shlex.join(spark_argv)}) as run:
         trainer = TrainerLaunch(train_args, processes, stack, run.run_id)
         say(f"trainer: {shlex.join(trainer.argv[2:])}")
@@ -81,4 +83,4 @@ def run_together(
         run.log_metrics({"spark_exit_code": spark_code, "trainer_exit_code": trainer_code})
         if spark_code or trainer_code:
             raise SystemExit(spark_code or trainer_code)
-    return 0
+    return run.run_id

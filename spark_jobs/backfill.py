@@ -110,6 +110,9 @@ def _to_handoff(
         progress=progress,
     )
     training.unpersist()
+    # A backfill is complete once committed: followers (a trainer reading the history before
+    # the live channel) end here rather than wait. Its next run reopens the channel.
+    channel.close()
     if commit is not None:
         report.training_rows = commit.rows
         report.positives = count

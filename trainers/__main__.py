@@ -33,10 +33,11 @@ def _train(argv: list[str]) -> int:
         **asdict(result),
         "samples_per_s": result.samples_per_s,
         "data_stall_fraction": result.stall_fraction,
-        "freshness_p50_s": result.freshness(0.5),
-        "freshness_p99_s": result.freshness(0.99),
+        "freshness_s": {
+            name: {"p50": result.freshness(0.5, name), "p99": result.freshness(0.99, name)}
+            for name in result.freshness_s
+        },
     }
-    summary.pop("freshness_s")
     target = parser().parse_known_args(argv)[0].result_file
     if target is not None and result.leader:
         target.write_text(json.dumps(summary, indent=2, default=str))

@@ -41,6 +41,8 @@ class Batch:
     """Seconds the trainer waited for this batch (reading, decoding, copying)."""
     event_time_us: torch.Tensor | None = None
     """Event times of the rows (microseconds since the epoch) when the channel has them."""
+    channel: str | None = None
+    """The channel the batch came from (mixed readers say which)."""
 
 
 class DeviceLoader:
@@ -76,7 +78,12 @@ class DeviceLoader:
                 tensors = {
                     k: v.pin_memory().to(self.device, non_blocking=True) for k, v in tensors.items()
                 }
-        return Batch(tensors, cursor, record.num_rows, 0.0, times)
+        return Batch(tensors, cursor, record.num_rows, 0.0, times, self._channel())
+
+    def _channel(self) -> str | None:
+        mixed = getattr(self.reader, "last_channel", None)
+        single = getattr(getattr(self.reader, "channel", None), "name", None)
+        return str(mixed or single) if (mixed or single) else None
 
     def __iter__(self) -> Iterator[Batch]:
         """Wait time: from the loop asking for a batch to getting it (the loop's stall)."""

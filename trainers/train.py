@@ -54,8 +54,12 @@ class TrainResult:
     resumed_from: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     """The last evaluation (or progressive validation) metrics."""
-    freshness_s: list[float] = field(default_factory=list)
-    """Per logged batch: seconds from the rows' median event time to the step that used them."""
+    freshness_s: dict[str, list[float]] = field(default_factory=dict)
+    """Per channel, per batch: seconds from the rows' median event time to the step using them."""
+    overall: dict[str, float] = field(default_factory=dict)
+    """Progressive validation over the whole run (every batch scored before training on it)."""
+    by_channel: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The same, per channel (e.g. how the model did on live rows it had not seen)."""
     run_id: str | None = None
     model_uri: str | None = None
     leader: bool = True
@@ -71,9 +75,12 @@ class TrainResult:
     def stall_fraction(self) -> float:
         return self.wait_seconds / self.seconds if self.seconds else 0.0
 
-    def freshness(self, quantile: float) -> float | None:
-        """A quantile of event-to-training seconds (None without an event-time column)."""
-        return float(np.quantile(self.freshness_s, quantile)) if self.freshness_s else None
+    def freshness(self, quantile: float, channel: str | None = None) -> float | None:
+        """A quantile of event-to-training seconds, of one channel or all (None: no times)."""
+        values = [
+            v for name, found in self.freshness_s.items() if channel in (None, name) for v in found
+        ]
+        return float(np.quantile(values, quantile)) if values else None
 
 
 def fingerprints(tensors: dict[str, torch.Tensor]) -> np.ndarray:
@@ -277,6 +284,8 @@ class _Session:
         loader = DeviceLoader(self.reader, self.device, self.columns, event_time=config.event_time)
         progressive = BinaryMetrics(capacity=1_000_000)
         scored: dict[str, float] = {}  # the last progressive validation reported
+        overall = BinaryMetrics(capacity=2_000_000)
+        by_channel: dict[str, BinaryMetrics] = {}
         window_rows = window_wait = 0.0
         window_started = time.perf_counter()
         started = time.perf_counter()
@@ -289,7 +298,11 @@ class _Session:
                 with self.autocast():
                     logits = self.net(tensors)
                 loss = _loss(logits, tensors)
-                progressive.update(logits.detach().float(), tensors["label"], tensors.get("weight"))
+                scores = logits.detach().float()
+                progressive.update(scores, tensors["label"], tensors.get("weight"))
+                overall.update(scores, tensors["label"], tensors.get("weight"))
+                per_channel = by_channel.setdefault(batch.channel or "?", BinaryMetrics(1_000_000))
+                per_channel.update(scores, tensors["label"], tensors.get("weight"))
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()  # type: ignore[no-untyped-call]
                 if self.clip is not None:
@@ -305,7 +318,8 @@ class _Session:
                 window_wait += batch.wait_s
                 if batch.event_time_us is not None and len(batch.event_time_us):
                     event = float(np.median(batch.event_time_us.numpy())) / 1e6
-                    result.freshness_s.append(time.time() - event)
+                    lag = time.time() - event
+                    result.freshness_s.setdefault(batch.channel or "?", []).append(lag)
                 if self.step % config.log_every == 0:
                     elapsed = time.perf_counter() - window_started
                     scored = progressive.compute()
@@ -337,6 +351,8 @@ class _Session:
         result.seconds = time.perf_counter() - started
         result.steps = self.step
         self.last_cursor = last_cursor
+        result.overall = overall.compute() if overall.count else {}
+        result.by_channel = {name: m.compute() for name, m in by_channel.items() if m.count}
         if config.audit_dir is not None:
             config.audit_dir.mkdir(parents=True, exist_ok=True)
             rows = np.concatenate(audit) if audit else np.empty(0, dtype=np.uint64)
@@ -388,15 +404,21 @@ def train(
         result.resumed_from = session.resume()
         session.run(run, result)
         result.run_id = stage.run_id
-        run.log_metrics(
-            {
-                "samples_per_s": result.samples_per_s,
-                "data_stall_fraction": result.stall_fraction,
-                "steps": result.steps,
-                "rows": result.rows,
-            },
-            step=result.steps,
-        )
+        final = {
+            "samples_per_s": result.samples_per_s,
+            "data_stall_fraction": result.stall_fraction,
+            "steps": result.steps,
+            "rows": result.rows,
+            **{f"run_progressive_{k}": v for k, v in result.overall.items()},
+        }
+        for channel, scores in result.by_channel.items():
+            final |= {f"run_progressive_{k}.{channel}": v for k, v in scores.items()}
+        for channel in result.freshness_s:
+            for q in (0.5, 0.99):
+                final[f"freshness_p{round(q * 100)}_s.{channel}"] = (
+                    result.freshness(q, channel) or 0
+                )
+        run.log_metrics(final, step=result.steps)
         if session.leader and session.last_cursor is not None:
             _log_lineage(session, run, session.last_cursor)
         if session.leader and config.tracking and tracking_uri:

@@ -284,6 +284,7 @@ def test_backfill_labels_validates_enriches_fits_and_reconciles(
     assert len(rows_of(world, "backfill")) == 5, "the same snapshots are committed once"
     channel = Channel(f"{world.stack.handoff}/{world.ns}", "backfill")
     assert channel.commit_ids() == [0]
+    assert channel.closed(), "a finished backfill lets its followers end"
     assert channel.meta().layout is not None
     assert channel.meta().feature_state == state.version
 

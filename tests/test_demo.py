@@ -1,0 +1,29 @@
+"""The README's first command, in a reduced size: everything runs and the counts reconcile."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flow.config import StackConfig
+from tests.support import run_flow
+
+
+@pytest.mark.integration
+def test_the_demo_runs_end_to_end_and_its_summary_reconciles(
+    running_stack: StackConfig, stack_env: dict[str, str]
+) -> None:
+    args = ["demo", "--days", "1", "--per-day", "3000", "--live", "3000", "--per-batch", "1000"]
+    done = run_flow([*args, "--json"], stack_env, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    backfill, live = summary["stages"]["backfill"], summary["stages"]["live"]
+    assert backfill["reconciled"]
+    assert live["reconciled"]
+    assert backfill["rows_in"] == 3000
+    assert live["dead_letters"] > 0, "the stream carries malformed records"
+    assert summary["trained_rows"] == backfill["rows_out"] + live["rows_out"]
+    assert 0.0 <= summary["auc"] <= 1.0  # a figure, not NaN (too little data here to learn much)
+    assert summary["freshness_p50_s"] is not None
+    assert "reconcile" in done.stdout
