@@ -5,6 +5,7 @@
     flow jars fetch | list               JVM artifacts in the project-local cache
     flow submit [spark-submit options] APP.py [args]
     flow demo                            the whole product end to end on the local stack
+    flow insight RUN_ID                  training-data statistics, plots and drift of a run
     flow run APP.py [args]               services up, then submit on the local stack
     flow spark-args                      the options to give a plain spark-submit
     flow handoff ls | show | verify | close | retire | drop
@@ -399,6 +400,36 @@ def demo(days: int, per_day: int, live: int, per_batch: int, as_json: bool) -> N
     console.print(f"done in {time.monotonic() - started:.0f}s")
     if as_json:
         click.echo(json.dumps(summary))
+
+
+@main.command()
+@click.argument("run_id", required=False)
+@click.option("--location", help="Handoff location: a namespace, path or URI (without RUN_ID).")
+@click.option("--channel", help="The channel to profile (without RUN_ID).")
+@friendly
+def insight(run_id: str | None, location: str | None, channel: str | None) -> None:
+    """Training-data insight: per-feature statistics, plots, drift against the previous run.
+
+    With RUN_ID (a trainer's MLflow run, or a pipeline run a trainer nested under), the channels
+    and commits that run read; the report goes into its artifacts too.
+    """
+    from flow.handoff_cli import resolve
+    from flow.insight import channel_insight, run_insight
+
+    stack = stack_config()
+    if run_id:
+        found = run_insight(stack, run_id)
+    elif location and channel:
+        where = resolve(location).uri
+        report, folder = channel_insight(stack, where, channel)
+        found = [(channel, report)]
+        console.print(f"report: {escape(str(folder / 'report.html'))}")
+    else:
+        raise FlowError("give a trainer's MLflow RUN_ID, or --location and --channel")
+    for name, report in found:
+        console.print(f"[bold]{escape(name)}[/]: {report.profile.rows:,} rows", highlight=False)
+        for line in report.findings:
+            console.print(f"  - {escape(line)}", highlight=False)
 
 
 @main.command(context_settings=_passthrough)

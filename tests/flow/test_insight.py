@@ -1,0 +1,69 @@
+"""Training-data insight: statistics, a report with plots, and a planted drift named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from flow.config import StackConfig
+from flow.errors import ConfigError
+from flow.handoff import Channel, Commit
+from flow.insight import channel_insight
+from flow.insight.drift import psi
+from tests.support import Writer, stack_env_for
+from tests.trainers.channels import rows, write
+
+
+def add_commit(root: Path, name: str, table: pa.Table) -> int:
+    channel = Channel(str(root), name)
+    batch_id = len(channel.commit_ids())
+    shard = channel.write_bucket(batch_id, 0, table, "t0")
+    channel.add_commit(Commit(name, batch_id, (shard,), channel.meta().fingerprint))
+    return batch_id
+
+
+def shifted(table: pa.Table, by: float) -> pa.Table:
+    """The same rows with the second dense value (price) moved by ``by``."""
+    dense = table.column("dense").combine_chunks().flatten().to_numpy().reshape(-1, 2).copy()
+    dense[:, 1] += by
+    array = pa.FixedSizeListArray.from_arrays(pa.array(dense.reshape(-1)), 2)
+    return table.set_column(1, "dense", array)
+
+
+def test_a_planted_drift_is_named_and_the_report_is_written(tmp_path: Path) -> None:
+    stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
+    write(tmp_path, "live", [4000], buckets=1)
+    first, folder = channel_insight(stack, str(tmp_path), "live", [0])
+    assert first.profile.rows == 4000
+    assert first.profile.numeric["price"].count == 4000
+    assert first.profile.categorical["country"].distinct <= 8
+    assert any("no previous run" in f for f in first.findings)
+    for name in ("report.html", "profile.json", "numeric.png", "categorical.png", "label_rate.png"):
+        assert (folder / name).exists(), name
+
+    same = add_commit(tmp_path, "live", rows(4000, seed=5))
+    steady, _ = channel_insight(stack, str(tmp_path), "live", [same])
+    assert not any(d.drifted for d in steady.drift), steady.drift
+    assert any("no feature drifted" in f for f in steady.findings)
+
+    moved = add_commit(tmp_path, "live", shifted(rows(4000, seed=6), by=2.0))
+    drifted, folder = channel_insight(stack, str(tmp_path), "live", [moved])
+    assert [d.feature for d in drifted.drift if d.drifted] == ["price"]
+    assert drifted.findings[0].startswith("price drifted")
+    assert "price drifted" in (folder / "report.html").read_text()
+
+
+def test_psi_is_zero_for_equal_histograms_and_grows_with_the_shift() -> None:
+    base = np.array([100, 100, 100, 100])
+    assert psi(base, base) == pytest.approx(0.0)
+    assert 0 < psi(base, [90, 110, 100, 100]) < psi(base, [10, 10, 190, 190])
+
+
+def test_a_channel_without_a_layout_cannot_be_profiled(tmp_path: Path) -> None:
+    stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
+    Writer(tmp_path, "raw").commit([10])
+    with pytest.raises(ConfigError, match="records no feature layout"):
+        channel_insight(stack, str(tmp_path), "raw")
