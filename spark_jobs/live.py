@@ -92,6 +92,24 @@ class _Watch:
     batches: int = 0
 
 
+_LAG_METRICS = {
+    "kafka_lag_max": "maxOffsetsBehindLatest",
+    "kafka_lag_avg": "avgOffsetsBehindLatest",
+}
+
+
+def _kafka_lag(progress: dict[str, Any]) -> dict[str, float]:
+    """Offsets the batch's Kafka sources were behind the latest, as Spark's Kafka source reports
+    them per partition (max and mean over partitions; the worst topic wins)."""
+    found: dict[str, float] = {}
+    for source in progress.get("sources") or []:
+        metrics = source.get("metrics") or {}
+        for name, key in _LAG_METRICS.items():
+            if key in metrics:
+                found[name] = max(found.get(name, 0.0), float(metrics[key]))
+    return found
+
+
 def _poll(queries: dict[str, StreamingQuery], watch: _Watch, on_batch: OnBatch) -> None:
     for role, query in queries.items():
         for progress in query.recentProgress:
@@ -118,6 +136,7 @@ def _poll(queries: dict[str, StreamingQuery], watch: _Watch, on_batch: OnBatch) 
                     # addBatch is the foreachBatch sink; the rest is reading, state and commits.
                     "batch_sink_ms": float(data["durationMs"].get("addBatch", 0)),
                     "state_rows": float(watch.state_rows or 0),
+                    **_kafka_lag(data),
                 },
                 int(data["batchId"]),
             )
