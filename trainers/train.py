@@ -35,6 +35,7 @@ from flow.pipeline.state import Layout
 from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Run, Tracker
 from trainers.checkpoint import Checkpointer
 from trainers.config import TrainConfig
+from trainers.lazy import LazyReader
 from trainers.lineage import commits_read, lineage_tags
 from trainers.loader import Batch, DeviceLoader
 from trainers.metrics import BinaryMetrics
@@ -122,20 +123,36 @@ def _reader(config: TrainConfig, world: World, channels: tuple[str, ...], *, tra
         follow=config.follow and train,
         consumer_group=config.consumer_group if train else None,
     )
-    readers = {c: ChannelReader(config.handoff, c, world=world, options=options) for c in channels}
-    if len(readers) == 1:
-        return next(iter(readers.values()))
+    if len(channels) == 1:
+        return ChannelReader(config.handoff, channels[0], world=world, options=options)
     if config.mix:
+        readers = {
+            c: ChannelReader(config.handoff, c, world=world, options=options) for c in channels
+        }
         return MixedReader(readers, weights=config.mix, seed=config.seed)
-    return MixedReader(readers, priority=list(channels), seed=config.seed)
+    # In order: a later channel opens when the earlier ones are done, so a trainer can start on
+    # the history while the live stage has not yet written its first commit.
+    first = ChannelReader(config.handoff, channels[0], world=world, options=options)
+    later = {
+        c: LazyReader(
+            config.handoff, c, world, options, config.wait_for_channels, first.channel.meta().layout
+        )
+        for c in channels[1:]
+    }
+    return MixedReader({channels[0]: first, **later}, priority=list(channels), seed=config.seed)
+
+
+def _needed_now(config: TrainConfig) -> tuple[str, ...]:
+    """The channels a run needs before its first step: read in order, only the first."""
+    return config.channels if config.mix or len(config.channels) == 1 else config.channels[:1]
 
 
 def _wait_for(config: TrainConfig, say: Callable[[str], None]) -> None:
-    """Until every channel exists (its writer creates it with its first batch), or time is up."""
+    """Until the channels exist (a writer creates one with its first batch), or time is up."""
     deadline = time.monotonic() + config.wait_for_channels
     said = False
     while True:
-        missing = [c for c in config.channels if not Channel(config.handoff, c).exists()]
+        missing = [c for c in _needed_now(config) if not Channel(config.handoff, c).exists()]
         if not missing or time.monotonic() >= deadline:
             return  # a channel still missing fails below, naming what exists
         if not said:
@@ -147,7 +164,7 @@ def _wait_for(config: TrainConfig, say: Callable[[str], None]) -> None:
 def _layout(config: TrainConfig) -> Layout:
     """The feature layout the channels were written with (all of them must agree)."""
     layouts = {}
-    for name in config.channels:
+    for name in _needed_now(config):
         meta = ChannelReader(config.handoff, name).channel.meta()
         if not meta.layout:
             raise ConfigError(

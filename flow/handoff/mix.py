@@ -12,15 +12,24 @@ The cursor holds each channel's cursor, the number of draws and the channels alr
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from flow.errors import ConfigError
-from flow.handoff.reader import ChannelReader
 
-__all__ = ["MixedReader"]
+__all__ = ["BatchSource", "MixedReader"]
+
+
+class BatchSource(Protocol):
+    """What a mix draws from: a ChannelReader, or anything that iterates and resumes like one."""
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class MixedReader:
@@ -28,7 +37,7 @@ class MixedReader:
 
     def __init__(
         self,
-        readers: Mapping[str, ChannelReader],
+        readers: Mapping[str, BatchSource],
         *,
         weights: Mapping[str, float] | None = None,
         priority: Sequence[str] | None = None,

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from flow.errors import ConfigError
+from flow.handoff import Channel
 from tests.support import REPO
 from tests.trainers.channels import write
 from trainers.config import TrainConfig
@@ -105,3 +108,21 @@ def test_two_ranks_under_torchrun_see_disjoint_equal_shares(tmp_path: Path) -> N
     assert len(ranks[0]) == len(ranks[1]) == total // 2
     assert not set(ranks[0].tolist()) & set(ranks[1].tolist())
     assert len(set(ranks[0].tolist()) | set(ranks[1].tolist())) == total
+
+
+def test_channels_read_in_order_open_when_reached_even_if_created_later(tmp_path: Path) -> None:
+    history = write(tmp_path, "backfill", [2000])
+    Channel(str(tmp_path), "backfill").close()
+
+    def live_arrives_later() -> None:
+        time.sleep(1.0)
+        write(tmp_path, "live", [1000, 1000], seed=50)
+        Channel(str(tmp_path), "live").close()
+
+    writer = threading.Thread(target=live_arrives_later)
+    writer.start()
+    cfg = config(tmp_path, channels=("backfill", "live"), follow=True, wait_for_channels=60)
+    result = train(cfg, say=lambda _: None)
+    writer.join()
+    assert result.rows == history + 2000
+    assert set(result.by_channel) == {"backfill", "live"}
