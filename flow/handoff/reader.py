@@ -69,8 +69,16 @@ class ReadOptions:
     prefetch: int = 8
     """Shards opened (and decompressed) ahead of use by a background thread; 0: none. Memory
     grows by up to this many decoded shards."""
+    buckets: frozenset[int] | None = None
+    """Read only these buckets (a held-out slice, say); None: all of them. Every rank of a world
+    gets an equal share of the chosen buckets' rows, as with all of them."""
 
     def __post_init__(self) -> None:
+        if self.buckets is not None and self.consumer_group is not None:
+            raise ConfigError(
+                "a reader of some buckets cannot record consumption for retention (the rest "
+                "would count as unread, or as read); leave consumer_group unset with buckets"
+            )
         if self.window_rows is not None and self.window_rows <= self.batch_size:
             raise ConfigError(
                 f"window_rows={self.window_rows} must exceed batch_size={self.batch_size}"
@@ -276,6 +284,11 @@ class ChannelReader:
             raise ConfigError(f"batch_size={self.options.batch_size} must be at least 2")
         meta = self.channel.meta()  # raises, naming what exists, before the first batch
         check_world(meta.num_buckets, self.world.world_size)
+        outside = sorted(b for b in self.options.buckets or () if not 0 <= b < meta.num_buckets)
+        if outside:
+            raise ConfigError(
+                f"buckets {outside} do not exist: channel {channel!r} has {meta.num_buckets}"
+            )
         if expected_schema is not None:
             self.channel.check_schema(expected_schema)
         self.schema = meta.schema
@@ -299,6 +312,7 @@ class ChannelReader:
             "shuffle": self.options.shuffle,
             "seed": self.options.seed,
             "follow": self.options.follow,
+            "buckets": sorted(self.options.buckets) if self.options.buckets is not None else None,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -337,9 +351,13 @@ class ChannelReader:
 
     # -- iteration --------------------------------------------------------------------------
 
-    @staticmethod
-    def _refs(commit: Commit) -> list[ShardRef]:
-        return [ShardRef(commit.batch_id, i, s.bucket, s.rows) for i, s in enumerate(commit.shards)]
+    def _refs(self, commit: Commit) -> list[ShardRef]:
+        chosen = self.options.buckets
+        return [
+            ShardRef(commit.batch_id, i, s.bucket, s.rows)
+            for i, s in enumerate(commit.shards)
+            if chosen is None or s.bucket in chosen
+        ]
 
     def _record(self, consumed_upto: int, force: bool = False) -> None:
         group = self.options.consumer_group

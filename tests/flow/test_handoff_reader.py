@@ -195,3 +195,25 @@ def test_a_closed_channel_reopens_when_its_producer_writes_again(tmp_path: Path)
     assert w.channel.closed()
     w.channel.reopen()
     assert not w.channel.closed()
+
+
+def test_a_bucket_subset_is_a_stable_held_out_slice(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "c", buckets=4)
+    every = w.commit([50, 60, 70, 80, 90, 100, 110, 120])
+
+    def ids(buckets: frozenset[int] | None, rank: int = 0, size: int = 1) -> list[int]:
+        options = ReadOptions(batch_size=16, buckets=buckets)
+        reader = ChannelReader(str(tmp_path), "c", world=World(rank, size), options=options)
+        return [i for batch in read_ids(reader) for i in batch]
+
+    held, kept = ids(frozenset({1})), ids(frozenset({0, 2, 3}))
+    assert sorted(held + kept) == sorted(every)
+    assert not set(held) & set(kept)
+    assert held == ids(frozenset({1})), "the same slice every time"
+    ranks = [ids(frozenset({0, 2, 3}), r, 2) for r in range(2)]
+    assert sorted(ranks[0] + ranks[1]) == sorted(kept)
+    assert abs(len(ranks[0]) - len(ranks[1])) <= 1
+    with pytest.raises(ConfigError, match=r"buckets \[7\] do not exist"):
+        ChannelReader(str(tmp_path), "c", options=ReadOptions(buckets=frozenset({7})))
+    with pytest.raises(ConfigError, match="cannot record consumption"):
+        ReadOptions(buckets=frozenset({0}), consumer_group="trainer")
