@@ -6,6 +6,8 @@
     flow submit [spark-submit options] APP.py [args]
     flow demo                            the whole product end to end on the local stack
     flow insight RUN_ID                  training-data statistics, plots and drift of a run
+    flow retrain APP.py                  incremental retraining, promoted only if not worse
+    flow schedule APP.py --cron "..."    retraining on a schedule, one run at a time
     flow run APP.py [args]               services up, then submit on the local stack
     flow spark-args                      the options to give a plain spark-submit
     flow handoff ls | show | verify | close | retire | drop
@@ -397,9 +399,82 @@ def demo(days: int, per_day: int, live: int, per_batch: int, as_json: bool) -> N
     parent = run_demo(stack, size, spark, progress)
     summary = summarize(stack, parent)
     show(summary, console)
+    from flow.insight import run_insight
+
+    for name, report in run_insight(stack, parent):
+        console.print(f"  insight, {escape(name)}: {escape(report.findings[0])}", highlight=False)
+        summary[f"insight_{name}"] = report.findings
     console.print(f"done in {time.monotonic() - started:.0f}s")
     if as_json:
         click.echo(json.dumps(summary))
+
+
+@main.command()
+@click.argument("app")
+@click.option("--model-name", help="Registered model to retrain (default: the pipeline's name).")
+@click.option("--margin", default=0.002, show_default=True, help="AUC a new model may lose.")
+@click.option("--holdout-share", default=0.125, show_default=True, help="Buckets held out.")
+@click.option("--train", "train_args", default="", help='More trainer options: "--lr 0.01".')
+@friendly
+def retrain(
+    app: str, model_name: str | None, margin: float, holdout_share: float, train_args: str
+) -> None:
+    """Retrain APP's model on the Iceberg snapshots appended since the last retraining.
+
+    Warm-starts from the registry's champion, evaluates on held-out buckets of the new rows,
+    and moves the champion alias only if the new model is not worse by more than --margin.
+    """
+    from flow import services as svc
+    from flow.retrain import load_pipeline
+    from flow.retrain import retrain as run_retrain
+
+    stack = stack_config()
+    rows = svc.up(stack, progress=progress)
+    if not all(r.healthy for r in rows):
+        console.print(_status_table(rows))
+        raise FlowError("the local stack is not healthy")
+
+    def spark(argv: Sequence[str], extra: dict[str, str]) -> int:
+        return _launch(argv, stack, extra)
+
+    name = model_name or load_pipeline(app).name
+    outcome = run_retrain(
+        stack,
+        app,
+        model_name=name,
+        margin=margin,
+        holdout_share=holdout_share,
+        train_args=train_args,
+        launch_spark=spark,
+        say=progress,
+    )
+    console.print(f"retrain {escape(name)}: [bold]{outcome.outcome}[/] ({escape(outcome.reason)})")
+
+
+@main.command()
+@click.argument("app")
+@click.option("--cron", required=True, help='When to retrain, e.g. "0 3 * * *" (03:00 daily).')
+@click.option("--model-name", help="Registered model to retrain (default: the pipeline's name).")
+@click.option("--train", "train_args", default="", help="More trainer options.")
+@click.option("--max-runs", type=int, help="Stop after this many runs (default: never).")
+@friendly
+def schedule(
+    app: str, cron: str, model_name: str | None, train_args: str, max_runs: int | None
+) -> None:
+    """Run `flow retrain APP` on a cron schedule, one run at a time, logging each run."""
+    from flow.schedule import Cron, Scheduler
+
+    parsed = Cron.parse(cron)
+    stack = stack_config()
+    command = [sys.executable, "-m", "flow.cli", "retrain", app, "--train", train_args]
+    command += ["--model-name", model_name] if model_name else []
+    log = stack.home / "schedule" / f"{Path(app).stem}.jsonl"
+    console.print(f"retraining {escape(app)} at {escape(cron)}; runs logged to {escape(str(log))}")
+
+    def job() -> int:
+        return subprocess.call(command)
+
+    Scheduler(parsed, job, log, say=progress).run(max_runs)
 
 
 @main.command()

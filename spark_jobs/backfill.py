@@ -171,7 +171,9 @@ def run_backfill(
     dead.append(unusable)
 
     states = states_location(stack, pipeline.namespace)
-    if stage.fit:
+    # A named feature state wins over fitting: an incremental retrain keeps the champion's
+    # layout (a refit could change vocabulary sizes, and with them the model's tables).
+    if stage.fit and feature_state is None:
         state = fit_state(
             usable, spec, {"pipeline": pipeline.name, "stage": stage.name, **report.lineage}
         )

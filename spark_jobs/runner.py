@@ -12,8 +12,10 @@ from rich.table import Table
 
 from flow.config import StackConfig
 from flow.console import console as make_console
+from flow.errors import ConfigError
 from flow.pipeline.model import BackfillStage, Pipeline
 from flow.pipeline.run import RunOptions
+from flow.pipeline.sources import IcebergSource
 from flow.pipeline.state import FeatureState, layout
 from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Run, Tracker
 from spark_jobs.backfill import run_backfill
@@ -100,6 +102,17 @@ def _summary(reports: list[StageReport]) -> None:
     console.print(table)
 
 
+def incremental(pipeline: Pipeline, stage: BackfillStage, since: int | None) -> Pipeline:
+    """``pipeline`` with ``stage``'s Iceberg events read from after snapshot ``since``."""
+    events = pipeline.source(stage.events, used_by=f"stage {stage.name!r}")
+    if since is None:
+        return pipeline
+    if not isinstance(events, IcebergSource):
+        raise ConfigError(f"--since-snapshot needs Iceberg events; {stage.events!r} is not one")
+    reading = dataclasses.replace(events, since_snapshot=since)
+    return dataclasses.replace(pipeline, sources={**pipeline.sources, stage.events: reading})
+
+
 def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) -> list[StageReport]:
     """Run the chosen stages in order; each report says whether its counts reconcile."""
     chosen = [s for s in pipeline.stages if not options.stages or s.name in options.stages]
@@ -131,7 +144,7 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
                 if isinstance(stage, BackfillStage):
                     report, state = run_backfill(
                         spark,
-                        pipeline,
+                        incremental(pipeline, stage, options.since_snapshot),
                         stage,
                         stack,
                         feature_state=options.feature_state,

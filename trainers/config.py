@@ -64,6 +64,16 @@ class TrainConfig:
     register_as: str | None = None
     event_time: str | None = None
     """A timestamp column of the rows, for freshness (event -> training step)."""
+    after_commit: int = -1
+    """Read only the commits after this batch id (incremental retraining)."""
+    holdout_share: float = 0.0
+    """Hold this share of the buckets out of training and evaluate on them (when there is no
+    eval channel): the same rows every run, since buckets are fixed per row."""
+    init_from_champion: bool = False
+    """Warm-start from the ``champion`` of ``register_as`` (when it has one)."""
+    promote_margin: float | None = None
+    """Promote the new model to ``champion`` only if its held-out AUC is not below the
+    champion's by more than this; None: no promotion step."""
     wait_for_channels: float = 0.0
     """Seconds to wait for the channels to appear (a trainer started beside its Spark job)."""
     audit_dir: Path | None = None
@@ -78,6 +88,10 @@ class TrainConfig:
             )
         if self.batch_size < 2 or self.window_batches < 2:
             raise ConfigError("batch size and window (in batches) must be at least 2")
+        if not 0 <= self.holdout_share < 1:
+            raise ConfigError(f"--holdout-share {self.holdout_share}: give a share in [0, 1)")
+        if (self.init_from_champion or self.promote_margin is not None) and not self.register_as:
+            raise ConfigError("--init-from-champion and --promote-margin need --register-as NAME")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
 
@@ -122,6 +136,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-run-id", help="nest the trainer's runs under this MLflow run")
     p.add_argument("--register-as", help="register the model under this name")
     p.add_argument("--event-time", help="timestamp column, for event-to-training freshness")
+    p.add_argument("--after-commit", type=int, default=-1, help="only commits after this id")
+    p.add_argument("--holdout-share", type=float, default=0.0, help="buckets held out to evaluate")
+    p.add_argument("--init-from-champion", action="store_true", help="warm-start from champion")
+    p.add_argument("--promote-margin", type=float, help="promote if AUC >= champion's - margin")
     p.add_argument(
         "--wait-for-channels", type=float, default=0.0, help="seconds to wait for the channels"
     )
@@ -179,4 +197,8 @@ def parse(argv: list[str], stack: StackConfig | None = None) -> TrainConfig:
         event_time=args.event_time,
         audit_dir=args.audit_dir,
         wait_for_channels=args.wait_for_channels,
+        after_commit=args.after_commit,
+        holdout_share=args.holdout_share,
+        init_from_champion=args.init_from_champion,
+        promote_margin=args.promote_margin,
     )

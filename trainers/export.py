@@ -90,8 +90,8 @@ def log_model(
     *,
     tracking_uri: str | None,
     register_as: str | None,
-) -> str:
-    """Log ``model`` to ``run_id`` as a pyfunc with a signature; its model URI."""
+) -> tuple[str, str | None]:
+    """Log ``model`` to ``run_id`` as a pyfunc with a signature; its URI and registry version."""
     import mlflow
     from mlflow.models import infer_signature
 
@@ -131,4 +131,5 @@ def log_model(
             )
             # Leave the run open: its tracker (or a continuous trainer) ends it.
             mlflow.end_run(status="RUNNING")
-    return str(info.model_uri)
+    version = getattr(info, "registered_model_version", None)
+    return str(info.model_uri), str(version) if version is not None else None

@@ -41,6 +41,7 @@ from trainers.loader import Batch, DeviceLoader
 from trainers.metrics import BinaryMetrics
 from trainers.models import CTRModel, build_model
 from trainers.optim import CowClip, build_optimizer
+from trainers.promote import Decision, champion_state, decide, load_champion, promote
 
 __all__ = ["TrainResult", "train"]
 
@@ -63,6 +64,9 @@ class TrainResult:
     """The same, per channel (e.g. how the model did on live rows it had not seen)."""
     run_id: str | None = None
     model_uri: str | None = None
+    model_version: str | None = None
+    decision: Decision | None = None
+    """Whether the new model became the champion, and why (with --promote-margin)."""
     leader: bool = True
     """Rank 0: the rank that tracks, exports and reports."""
     world_size: int = 1
@@ -114,14 +118,24 @@ def _start_distributed(device: torch.device) -> World:
     return world
 
 
-def _reader(config: TrainConfig, world: World, channels: tuple[str, ...], *, train: bool) -> Any:
+def _reader(
+    config: TrainConfig,
+    world: World,
+    channels: tuple[str, ...],
+    *,
+    train: bool,
+    buckets: frozenset[int] | None = None,
+) -> Any:
     options = ReadOptions(
         batch_size=config.batch_size,
         window_rows=config.batch_size * config.window_batches,
         shuffle=train,
         seed=config.seed,
         follow=config.follow and train,
-        consumer_group=config.consumer_group if train else None,
+        # Retention needs every bucket read: a reader of a subset records nothing.
+        consumer_group=config.consumer_group if train and buckets is None else None,
+        buckets=buckets,
+        after_commit=config.after_commit,
     )
     if len(channels) == 1:
         return ChannelReader(config.handoff, channels[0], world=world, options=options)
@@ -140,6 +154,14 @@ def _reader(config: TrainConfig, world: World, channels: tuple[str, ...], *, tra
         for c in channels[1:]
     }
     return MixedReader({channels[0]: first, **later}, priority=list(channels), seed=config.seed)
+
+
+def _holdout(config: TrainConfig) -> frozenset[int] | None:
+    """The buckets held out of training: the first share of them (rows hash to buckets)."""
+    if not config.holdout_share:
+        return None
+    total = ChannelReader(config.handoff, config.channels[0]).channel.meta().num_buckets
+    return frozenset(range(max(1, round(config.holdout_share * total))))
 
 
 def _needed_now(config: TrainConfig) -> tuple[str, ...]:
@@ -246,7 +268,15 @@ class _Session:
             self.net = torch.compile(self.net)  # type: ignore[assignment]
         bf16 = config.bf16 if config.bf16 is not None else self.device.type == "cuda"
         self.bf16 = bf16
-        self.reader = _reader(config, self.world, config.channels, train=True)
+        self.holdout = _holdout(config)
+        kept = None
+        if self.holdout is not None:
+            total = ChannelReader(config.handoff, config.channels[0]).channel.meta().num_buckets
+            kept = frozenset(range(total)) - self.holdout
+        self.reader = _reader(config, self.world, config.channels, train=True, buckets=kept)
+        self.champion: CTRModel | None = None
+        if config.init_from_champion or config.promote_margin is not None:
+            self.champion = self._champion(warm_start=config.init_from_champion)
         self.columns = _columns(self.layout)
         self.checkpoints = (
             Checkpointer(config.checkpoint_dir, self.world.rank, self.world.world_size)
@@ -282,13 +312,31 @@ class _Session:
         self.say(f"resumed from the checkpoint of step {self.step}")
         return self.step
 
-    def evaluate(self) -> dict[str, float]:
-        if not self.config.eval_channel:
+    def _champion(self, *, warm_start: bool) -> CTRModel | None:
+        """The registered champion (for comparison), loaded into this run's model if asked."""
+        assert self.config.register_as is not None  # checked by TrainConfig
+        saved = champion_state(self.config.register_as, self.tracking_uri)
+        if saved is None:
+            self.say(f"{self.config.register_as} has no champion yet: training from scratch")
+            return None
+        champion = load_champion(saved, self.layout).to(self.device)
+        if warm_start:
+            self.model.load_state_dict(champion.state_dict())
+            self.say(f"warm start from {self.config.register_as} version {saved['version']}")
+        return champion
+
+    def evaluate(self, model: nn.Module | None = None) -> dict[str, float]:
+        """AUC and log loss on the eval channel, or on the held-out buckets; {} without either."""
+        config = self.config
+        if config.eval_channel:
+            reader = _reader(config, self.world, (config.eval_channel,), train=False)
+        elif self.holdout is not None:
+            reader = _reader(config, self.world, config.channels, train=False, buckets=self.holdout)
+        else:
             return {}
-        reader = _reader(self.config, self.world, (self.config.eval_channel,), train=False)
         loader = DeviceLoader(reader, self.device, self.columns)
         return evaluate(
-            self.net, iter(loader), limit=self.config.eval_batches, autocast=self.autocast
+            model or self.net, iter(loader), limit=config.eval_batches, autocast=self.autocast
         )
 
     def _epochs_left(self) -> bool:
@@ -361,7 +409,7 @@ class _Session:
                 if self.checkpoints and self.step % config.checkpoint_every == 0:
                     self.checkpoints.save(self.step, self.state(), batch.cursor)
                 if config.export_every and self.step % config.export_every == 0 and self.leader:
-                    result.model_uri = export_model(self, run, final=False)
+                    result.model_uri = export_model(self, run, final=False)[0]
                 if config.max_steps is not None and self.step >= config.max_steps:
                     done = True
                     break
@@ -381,8 +429,9 @@ class _Session:
         result.metrics = result.metrics or {f"progressive_{k}": v for k, v in scored.items()}
 
 
-def export_model(session: _Session, run: Run, *, final: bool) -> str | None:
-    """Log the model to MLflow (pyfunc, with a signature) and register it when asked."""
+def export_model(session: _Session, run: Run, *, final: bool) -> tuple[str, str | None]:
+    """Log the model to MLflow (pyfunc, with a signature) and register it when asked: its URI
+    and registry version."""
     from trainers.export import log_model
 
     return log_model(
@@ -440,15 +489,38 @@ def train(
             _log_lineage(session, run, session.last_cursor)
         if session.leader and config.tracking and tracking_uri:
             run.flush()
-            result.model_uri = export_model(session, stage, final=True)
+            result.model_uri, result.model_version = export_model(session, stage, final=True)
         with tracker.stage("evaluate") as evaluation:
             scores = session.evaluate()
             if scores:
                 result.metrics = scores
                 ResilientRun(evaluation, session.say).log_metrics(scores, step=result.steps)
+            if config.promote_margin is not None:
+                result.decision = _promotion(session, result, scores, [run, evaluation])
     if dist.is_initialized():
         dist.barrier()
     return result
+
+
+def _promotion(
+    session: _Session, result: TrainResult, scores: dict[str, float], runs: list[Any]
+) -> Decision:
+    """Champion or not: every rank evaluates (collectives), rank 0 decides and records."""
+    assert session.config.promote_margin is not None
+    assert session.config.register_as
+    old = session.evaluate(session.champion) if session.champion is not None else None
+    decision = decide(scores, old, session.config.promote_margin)
+    if not session.leader:
+        return decision
+    if decision.promote and result.model_version is not None:
+        promote(session.config.register_as, result.model_version, session.tracking_uri)
+    outcome = "promoted" if decision.promote and result.model_version else "kept"
+    for run in runs:
+        run.set_tags({"flow.promotion": outcome, "flow.promotion.reason": decision.reason})
+    if old is not None:
+        runs[-1].log_metrics({f"champion_{k}": v for k, v in old.items()}, step=result.steps)
+    session.say(f"{session.config.register_as}: {outcome} ({decision.reason})")
+    return decision
 
 
 def _log_lineage(session: _Session, run: Run, cursor: dict[str, Any]) -> None:

@@ -69,6 +69,8 @@ class ReadOptions:
     prefetch: int = 8
     """Shards opened (and decompressed) ahead of use by a background thread; 0: none. Memory
     grows by up to this many decoded shards."""
+    after_commit: int = -1
+    """Read only the commits after this batch id (e.g. what arrived since the last training)."""
     buckets: frozenset[int] | None = None
     """Read only these buckets (a held-out slice, say); None: all of them. Every rank of a world
     gets an equal share of the chosen buckets' rows, as with all of them."""
@@ -298,7 +300,7 @@ class ChannelReader:
         """Batches yielded so far in this epoch."""
         self._upto: int | None = None
         self._totals: list[int] | None = None
-        self._mark = _Mark()
+        self._mark = _Mark(after=self.options.after_commit)
         self._recorded = 0.0
 
     # -- cursor -----------------------------------------------------------------------------
@@ -313,6 +315,7 @@ class ChannelReader:
             "seed": self.options.seed,
             "follow": self.options.follow,
             "buckets": sorted(self.options.buckets) if self.options.buckets is not None else None,
+            "after_commit": self.options.after_commit,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -347,7 +350,7 @@ class ChannelReader:
         """Start ``epoch`` from its beginning."""
         self.epoch, self.position = epoch, 0
         self._upto = self._totals = None
-        self._mark = _Mark()
+        self._mark = _Mark(after=self.options.after_commit)
 
     # -- iteration --------------------------------------------------------------------------
 
@@ -380,8 +383,8 @@ class ChannelReader:
         """Fix a finite epoch's commits and every rank's totals over them."""
         if self.options.follow or self._upto is not None:
             return
-        ids = self.channel.commit_ids()
-        self._upto = ids[-1] if ids else -1
+        ids = [b for b in self.channel.commit_ids() if b > self.options.after_commit]
+        self._upto = ids[-1] if ids else self.options.after_commit
         commits = [self._refs(self.channel.commit(b)) for b in ids]
         self._totals = rank_totals(commits, self.world.world_size)
 

@@ -29,6 +29,8 @@ class RunOptions:
     """Feature state version to use; default: the latest fitted for the spec."""
     tracking: bool = True
     """Log to MLflow."""
+    since_snapshot: int | None = None
+    """Backfill stages read only the Iceberg snapshots of their events after this one."""
 
     def __post_init__(self) -> None:
         if self.duration_s is not None and self.duration_s <= 0:
@@ -56,6 +58,9 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
     parser.add_argument("--duration", type=float, help="with --continuous: stop after SECONDS")
     parser.add_argument("--feature-state", help="feature state version (default: latest)")
     parser.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    parser.add_argument(
+        "--since-snapshot", type=int, help="backfill: only event snapshots after this one"
+    )
     args = parser.parse_args(list(argv))
     ordered = tuple(s for s in stage_names if s in args.stage)
     return RunOptions(
@@ -64,4 +69,5 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
         duration_s=args.duration,
         feature_state=args.feature_state,
         tracking=not args.no_tracking,
+        since_snapshot=args.since_snapshot,
     )

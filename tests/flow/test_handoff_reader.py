@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -217,3 +218,15 @@ def test_a_bucket_subset_is_a_stable_held_out_slice(tmp_path: Path) -> None:
         ChannelReader(str(tmp_path), "c", options=ReadOptions(buckets=frozenset({7})))
     with pytest.raises(ConfigError, match="cannot record consumption"):
         ReadOptions(buckets=frozenset({0}), consumer_group="trainer")
+
+
+def test_after_commit_reads_only_what_arrived_since(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "c")
+    w.commit([30, 30])
+    later = w.commit([20, 25]) + w.commit([10])
+    options = ReadOptions(batch_size=8, after_commit=0)
+    for follow in (False, True):
+        reader = ChannelReader(str(tmp_path), "c", options=replace(options, follow=follow))
+        if follow:
+            w.channel.close()
+        assert sorted(i for batch in read_ids(reader) for i in batch) == sorted(later)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -14,6 +15,7 @@ from flow.tracking import MlflowTracker
 from tests.trainers.channels import LAYOUT, write
 from tests.trainers.test_train import config
 from trainers.export import example_frame
+from trainers.optim import OptimConfig
 from trainers.train import train
 
 
@@ -67,3 +69,41 @@ def test_trainer_runs_nest_under_the_pipeline_run_and_register_the_model(
     predictions = model.predict(frame)
     assert len(predictions) == len(frame)
     assert ((predictions > 0) & (predictions < 1)).all()
+
+
+@pytest.mark.integration
+def test_a_worse_model_is_not_promoted_and_the_champion_warm_starts_the_next(
+    running_stack: StackConfig, tmp_path: Path
+) -> None:
+    write(tmp_path, "train", [3000, 3000])
+    uri = running_stack.mlflow.tracking_uri
+    name = f"ctr-{uuid.uuid4().hex[:6]}"
+    base = config(
+        tmp_path,
+        tracking=True,
+        experiment=f"test-promote-{uuid.uuid4().hex[:8]}",
+        register_as=name,
+        holdout_share=0.25,
+        promote_margin=0.01,
+        checkpoint_dir=None,
+        epochs=2,
+    )
+    first = train(base, tracking_uri=uri, say=lambda _: None)
+    assert first.decision is not None
+    assert first.decision.promote, first.decision
+    assert first.decision.reason == "no champion yet"
+    assert first.metrics["count"] == 1500  # bucket 0 of 4: a quarter held out
+
+    diverged = replace(base, optim=OptimConfig(lr=50.0), epochs=1)
+    worse = train(diverged, tracking_uri=uri, say=lambda _: None)
+    assert worse.decision is not None
+    assert not worse.decision.promote
+    assert "below the champion's" in worse.decision.reason
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_model_version_by_alias(name, "champion").version == first.model_version
+    assert client.get_run(worse.run_id or "").data.tags["flow.promotion"] == "kept"
+
+    warm = train(replace(base, init_from_champion=True, epochs=1), tracking_uri=uri, say=print)
+    assert warm.decision is not None
+    assert warm.decision.promote, warm.decision
+    assert client.get_model_version_by_alias(name, "champion").version == warm.model_version
