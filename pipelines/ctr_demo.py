@@ -12,62 +12,40 @@ in micro-batches of at most ``max_records_per_batch`` impressions, each a commit
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from flow.engine import run_main
-from flow.pipeline import BackfillStage, IcebergSource, KafkaSource, LabelJoin, LiveStage, Pipeline
-from pipelines.ctr import (
-    CLICK_FIELDS,
-    IMPRESSION_FIELDS,
-    NAMESPACE,
-    ctr_features,
-    dimensions,
-    enrichment,
-    label_join,
-)
+from flow.pipeline import BackfillStage, LiveStage, Pipeline
+from pipelines.ctr import NAMESPACE
+from pipelines.ctr_backfill import ctr_backfill
+from pipelines.ctr_streaming import ctr_streaming
 
 
 def ctr_demo(namespace: str = NAMESPACE, max_records_per_batch: int = 5_000) -> Pipeline:
-    history_labels = LabelJoin("history_clicks", key="impression_id", window=label_join().window)
+    """The two CTR pipelines as one: their sources side by side (the history renamed, since
+    both call their events "impressions"), the backfill's stage, then the live one."""
+    history = ctr_backfill(namespace)
+    live = ctr_streaming(namespace, max_records_per_batch=max_records_per_batch)
+    backfill = history.stage("backfill")
+    streaming = live.stage("live")
+    assert isinstance(backfill, BackfillStage)
+    assert isinstance(streaming, LiveStage)
+    assert backfill.label is not None
     return Pipeline(
         name="ctr_demo",
         namespace=namespace,
         sources={
-            "history": IcebergSource(
-                f"{namespace}.impressions_history", IMPRESSION_FIELDS, event_time="ts"
-            ),
-            "history_clicks": IcebergSource(
-                f"{namespace}.clicks_history", CLICK_FIELDS, event_time="ts"
-            ),
-            "impressions": KafkaSource(
-                f"{namespace}.impressions",
-                IMPRESSION_FIELDS,
-                event_time="ts",
-                watermark="10 minutes",
-                max_records_per_batch=max_records_per_batch,
-            ),
-            "clicks": KafkaSource(
-                f"{namespace}.clicks", CLICK_FIELDS, event_time="ts", watermark="10 minutes"
-            ),
-            **dimensions(namespace),
+            "history": history.sources["impressions"],
+            "history_clicks": history.sources["clicks"],
+            **live.sources,
         },
         stages=(
-            BackfillStage(
-                name="backfill",
+            replace(
+                backfill,
                 events="history",
-                label=history_labels,
-                enrich=enrichment(),
-                features=ctr_features(),
-                channel="backfill",
-                fit=True,
+                label=replace(backfill.label, source="history_clicks"),
             ),
-            LiveStage(
-                name="live",
-                events="impressions",
-                label=label_join(),
-                enrich=enrichment(),
-                features=ctr_features(),
-                channel="live",
-                trigger="2 seconds",
-            ),
+            replace(streaming, trigger="2 seconds"),
         ),
     )
 
