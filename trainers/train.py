@@ -242,6 +242,40 @@ def evaluate(
     return metrics.compute(distributed=dist.is_initialized())
 
 
+class _Scores:
+    """Progressive validation: every batch scored before the model trains on it.
+
+    Predictions stay on the device until a log step: moving them to the host every step would
+    make every step wait for the GPU, and the loader's copy-ahead would be for nothing.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self.progressive = BinaryMetrics(capacity=1_000_000)
+        """Since the last log step."""
+        self.overall = BinaryMetrics(capacity=2_000_000)
+        self.by_channel: dict[str, BinaryMetrics] = {}
+
+    def add(
+        self, channel: str | None, logits: torch.Tensor, batch: dict[str, torch.Tensor]
+    ) -> None:
+        self.pending.append(
+            (channel or "?", logits.detach().float(), batch["label"], batch.get("weight"))
+        )
+
+    def flush(self) -> None:
+        for channel in dict.fromkeys(c for c, _, _, _ in self.pending):
+            mine = [p for p in self.pending if p[0] == channel]
+            logits = torch.cat([p[1] for p in mine])
+            labels = torch.cat([p[2] for p in mine])
+            given = [p[3] for p in mine if p[3] is not None]
+            weights = torch.cat(given) if len(given) == len(mine) else None
+            per_channel = self.by_channel.setdefault(channel, BinaryMetrics(capacity=1_000_000))
+            for metrics in (self.progressive, self.overall, per_channel):
+                metrics.update(logits, labels, weights)
+        self.pending = []
+
+
 class _Session:
     """One rank's run: model, optimizer, data, tracking; ``run()`` trains."""
 
@@ -347,10 +381,8 @@ class _Session:
     def run(self, run: Run, result: TrainResult) -> None:
         config = self.config
         loader = DeviceLoader(self.reader, self.device, self.columns, event_time=config.event_time)
-        progressive = BinaryMetrics(capacity=1_000_000)
+        scores = _Scores()
         scored: dict[str, float] = {}  # the last progressive validation reported
-        overall = BinaryMetrics(capacity=2_000_000)
-        by_channel: dict[str, BinaryMetrics] = {}
         window_rows = window_wait = 0.0
         window_started = time.perf_counter()
         started = time.perf_counter()
@@ -363,11 +395,7 @@ class _Session:
                 with self.autocast():
                     logits = self.net(tensors)
                 loss = _loss(logits, tensors)
-                scores = logits.detach().float()
-                progressive.update(scores, tensors["label"], tensors.get("weight"))
-                overall.update(scores, tensors["label"], tensors.get("weight"))
-                per_channel = by_channel.setdefault(batch.channel or "?", BinaryMetrics(1_000_000))
-                per_channel.update(scores, tensors["label"], tensors.get("weight"))
+                scores.add(batch.channel, logits, tensors)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()  # type: ignore[no-untyped-call]
                 if self.clip is not None:
@@ -387,7 +415,8 @@ class _Session:
                     result.freshness_s.setdefault(batch.channel or "?", []).append(lag)
                 if self.step % config.log_every == 0:
                     elapsed = time.perf_counter() - window_started
-                    scored = progressive.compute()
+                    scores.flush()
+                    scored = scores.progressive.compute()
                     metrics = {
                         "loss": float(loss.detach()),
                         "samples_per_s": window_rows * self.world.world_size / elapsed,
@@ -400,12 +429,12 @@ class _Session:
                         f"{metrics['samples_per_s']:,.0f} samples/s, "
                         f"stall {metrics['data_stall_fraction']:.1%}"
                     )
-                    progressive.reset()
+                    scores.progressive.reset()
                     window_rows = window_wait = 0.0
                     window_started = time.perf_counter()
                 if config.eval_every and self.step % config.eval_every == 0:
-                    scores = self.evaluate()
-                    run.log_metrics({f"eval_{k}": v for k, v in scores.items()}, step=self.step)
+                    evaluated = self.evaluate()
+                    run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=self.step)
                 if self.checkpoints and self.step % config.checkpoint_every == 0:
                     self.checkpoints.save(self.step, self.state(), batch.cursor)
                 if config.export_every and self.step % config.export_every == 0 and self.leader:
@@ -416,16 +445,17 @@ class _Session:
         result.seconds = time.perf_counter() - started
         result.steps = self.step
         self.last_cursor = last_cursor
-        result.overall = overall.compute() if overall.count else {}
-        result.by_channel = {name: m.compute() for name, m in by_channel.items() if m.count}
+        scores.flush()
+        result.overall = scores.overall.compute() if scores.overall.count else {}
+        result.by_channel = {n: m.compute() for n, m in scores.by_channel.items() if m.count}
         if config.audit_dir is not None:
             config.audit_dir.mkdir(parents=True, exist_ok=True)
             rows = np.concatenate(audit) if audit else np.empty(0, dtype=np.uint64)
             np.save(config.audit_dir / f"rank-{self.world.rank}-step-{self.step}.npy", rows)
         if self.checkpoints and last_cursor is not None:
             self.checkpoints.save(self.step, self.state(), last_cursor)
-        if progressive.count:
-            scored = progressive.compute()
+        if scores.progressive.count:
+            scored = scores.progressive.compute()
         result.metrics = result.metrics or {f"progressive_{k}": v for k, v in scored.items()}
 
 
