@@ -126,3 +126,33 @@ def test_channels_read_in_order_open_when_reached_even_if_created_later(tmp_path
     writer.join()
     assert result.rows == history + 2000
     assert set(result.by_channel) == {"backfill", "live"}
+
+
+def test_a_trainer_killed_mid_run_continues_from_its_checkpoint_exactly(tmp_path: Path) -> None:
+    write(tmp_path, "train", [40_000, 40_000], buckets=4)
+    whole = tmp_path / "whole"
+    train(config(tmp_path, audit_dir=whole, checkpoint_dir=tmp_path / "a", batch_size=64,
+                 model=ModelConfig("wide_deep", embedding_dim=4, hidden=(8,))),
+          say=lambda _: None)  # fmt: skip
+    expected = audit(whole)
+    checkpoints, resumed = tmp_path / "b", tmp_path / "resumed"
+    command = [
+        sys.executable, "-m", "trainers", "train", "--handoff", str(tmp_path),
+        "--channel", "train", "--batch-size", "64", "--window-batches", "4", "--device", "cpu",
+        "--no-tracking", "--model", "wide_deep", "--embedding-dim", "4", "--hidden", "8",
+        "--lr", "0.01", "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "5",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOW_HOME": str(tmp_path / "home")}
+    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "latest").exists() or int((checkpoints / "latest").read_text()) < 20:
+        assert first.poll() is None, "the trainer ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    first.kill()  # SIGKILL: no chance to save anything more
+    first.wait()
+    step = int((checkpoints / "latest").read_text())
+    done = subprocess.run([*command, "--audit-dir", str(resumed)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert np.array_equal(audit(resumed), expected[step * 64 :])
