@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import webbrowser
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -327,6 +327,28 @@ def _launch(argv: Sequence[str], stack: StackConfig, extra: dict[str, str] | Non
     return subprocess.call(launch.argv, env={**os.environ, **launch.env, **(extra or {})})
 
 
+def _stack_up() -> StackConfig:
+    """The local stack, brought up; a FlowError naming the services that are not healthy."""
+    from flow import services as svc
+
+    stack = stack_config()
+    rows = svc.up(stack, progress=progress)
+    unhealthy = [r for r in rows if not r.healthy]
+    if unhealthy:
+        console.print(_status_table(rows))
+        raise FlowError(f"the local stack is not healthy: {', '.join(r.name for r in unhealthy)}")
+    return stack
+
+
+def _spark_launcher(stack: StackConfig) -> Callable[[Sequence[str], dict[str, str]], int]:
+    """``_launch`` on ``stack``, for the commands that start Spark jobs of their own."""
+
+    def spark(argv: Sequence[str], extra: dict[str, str]) -> int:
+        return _launch(argv, stack, extra)
+
+    return spark
+
+
 @main.command(context_settings=_passthrough)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
 @friendly
@@ -355,22 +377,12 @@ def run(argv: tuple[str, ...], train_args: str | None, train_procs: int) -> None
     With --train, a trainer (torchrun -m trainers train --follow ARGS) runs beside the job and
     both nest under one MLflow run; the trainer ends after the job, once it has read everything.
     """
-    from flow import services as svc
-
-    stack = stack_config()
-    rows = svc.up(stack, progress=progress)
-    unhealthy = [r for r in rows if not r.healthy]
-    if unhealthy:
-        console.print(_status_table(rows))
-        raise FlowError(f"the local stack is not healthy: {', '.join(r.name for r in unhealthy)}")
+    stack = _stack_up()
     if train_args is None:
         raise SystemExit(_launch(argv, stack))
     from flow.together import run_together
 
-    def spark(app: Sequence[str], extra: dict[str, str]) -> int:
-        return _launch(app, stack, extra)
-
-    run_together(argv, train_args, train_procs, stack, spark, progress)
+    run_together(argv, train_args, train_procs, stack, _spark_launcher(stack), progress)
 
 
 @main.command()
@@ -382,21 +394,12 @@ def run(argv: tuple[str, ...], train_args: str | None, train_procs: int) -> None
 @friendly
 def demo(days: int, per_day: int, live: int, per_batch: int, as_json: bool) -> None:
     """The whole product end to end: data, backfill and live stages, a trainer, a summary."""
-    from flow import services as svc
     from flow.demo import DemoSize, run_demo, show, summarize
 
-    stack = stack_config()
     started = time.monotonic()
-    rows = svc.up(stack, progress=progress)
-    if not all(r.healthy for r in rows):
-        console.print(_status_table(rows))
-        raise FlowError("the local stack is not healthy")
+    stack = _stack_up()
     size = DemoSize(days=days, per_day=per_day, live=live, per_batch=per_batch)
-
-    def spark(app: Sequence[str], extra: dict[str, str]) -> int:
-        return _launch(app, stack, extra)
-
-    parent = run_demo(stack, size, spark, progress)
+    parent = run_demo(stack, size, _spark_launcher(stack), progress)
     summary = summarize(stack, parent)
     show(summary, console)
     from flow.insight import run_insight
@@ -424,30 +427,13 @@ def retrain(
     Warm-starts from the registry's champion, evaluates on held-out buckets of the new rows,
     and moves the champion alias only if the new model is not worse by more than --margin.
     """
-    from flow import services as svc
-    from flow.retrain import load_pipeline
+    from flow.retrain import RetrainSettings, load_pipeline
     from flow.retrain import retrain as run_retrain
 
-    stack = stack_config()
-    rows = svc.up(stack, progress=progress)
-    if not all(r.healthy for r in rows):
-        console.print(_status_table(rows))
-        raise FlowError("the local stack is not healthy")
-
-    def spark(argv: Sequence[str], extra: dict[str, str]) -> int:
-        return _launch(argv, stack, extra)
-
+    stack = _stack_up()
     name = model_name or load_pipeline(app).name
-    outcome = run_retrain(
-        stack,
-        app,
-        model_name=name,
-        margin=margin,
-        holdout_share=holdout_share,
-        train_args=train_args,
-        launch_spark=spark,
-        say=progress,
-    )
+    settings = RetrainSettings(name, margin, holdout_share, train_args)
+    outcome = run_retrain(stack, app, settings, _spark_launcher(stack), progress)
     console.print(f"retrain {escape(name)}: [bold]{outcome.outcome}[/] ({escape(outcome.reason)})")
 
 
@@ -513,8 +499,6 @@ def insight(run_id: str | None, location: str | None, channel: str | None) -> No
 @friendly
 def bench(name: str, argv: tuple[str, ...]) -> None:
     """Run benchmarks/NAME.py on the local stack (arguments after NAME go to the benchmark)."""
-    from flow import services as svc
-
     script = Path("benchmarks") / f"{name}.py"
     if not script.exists():
         found = sorted(p.stem for p in Path("benchmarks").glob("*.py"))
@@ -522,11 +506,7 @@ def bench(name: str, argv: tuple[str, ...]) -> None:
             f"no benchmark {name!r} in {Path('benchmarks').resolve()}; benchmarks: "
             f"{', '.join(found) or 'none (run from the project folder)'}"
         )
-    stack = stack_config()
-    rows = svc.up(stack, progress=progress)
-    if not all(r.healthy for r in rows):
-        console.print(_status_table(rows))
-        raise FlowError("the local stack is not healthy")
+    stack = _stack_up()
     raise SystemExit(_launch(["--driver-memory", "4g", str(script), *argv], stack))
 
 

@@ -35,7 +35,7 @@ from flow.pipeline.sources import IcebergSource
 from flow.schedule import exclusive
 from flow.tracking import PARENT_RUN_ENV, MlflowTracker
 
-__all__ = ["RetrainOutcome", "load_pipeline", "retrain"]
+__all__ = ["RetrainOutcome", "RetrainSettings", "load_pipeline", "retrain"]
 
 DONE = ("promoted", "kept")
 
@@ -101,14 +101,23 @@ def _last_success(tracker: MlflowTracker) -> dict[str, str] | None:
     return dict(latest.data.tags) if latest is not None else None
 
 
+@dataclass(frozen=True)
+class RetrainSettings:
+    """What a retraining trains and how it judges the result."""
+
+    model_name: str
+    """The registered model whose ``champion`` alias the retraining may move."""
+    margin: float = 0.002
+    """AUC the new model may lose against the champion and still be promoted."""
+    holdout_share: float = 0.125
+    train_args: str = ""
+    """More trainer options, e.g. ``--lr 0.01``."""
+
+
 def retrain(
     stack: StackConfig,
     app: str,
-    *,
-    model_name: str,
-    margin: float,
-    holdout_share: float,
-    train_args: str,
+    settings: RetrainSettings,
     launch_spark: Callable[[Sequence[str], dict[str, str]], int],
     say: Callable[[str], None],
 ) -> RetrainOutcome:
@@ -118,28 +127,24 @@ def retrain(
             reason = f"another retraining of {pipeline.name} is running; this one is skipped"
             say(reason)
             return RetrainOutcome("busy", reason, -1, "")
-        return _retrain(
-            stack, app, pipeline, model_name, margin, holdout_share, train_args, launch_spark, say
-        )
+        return _retrain(stack, app, pipeline, settings, launch_spark, say)
 
 
 def _retrain(
     stack: StackConfig,
     app: str,
     pipeline: Pipeline,
-    model_name: str,
-    margin: float,
-    holdout_share: float,
-    train_args: str,
+    settings: RetrainSettings,
     launch_spark: Callable[[Sequence[str], dict[str, str]], int],
     say: Callable[[str], None],
 ) -> RetrainOutcome:
+    model_name = settings.model_name
     stage, events = _backfill(pipeline)
     snapshot = _current_snapshot(stack, events.table)
     tracker = MlflowTracker(stack.mlflow.tracking_uri, f"retrain-{pipeline.name}")
     last = _last_success(tracker)
     channel = Channel(f"{stack.handoff.rstrip('/')}/{pipeline.namespace}", stage.channel)
-    params = {"pipeline": app, "model": model_name, "margin": margin, "snapshot": snapshot}
+    params = {"pipeline": app, "model": model_name, "margin": settings.margin, "snapshot": snapshot}
     with tracker.pipeline_run("retrain", params=params) as run:
         if last is not None and int(last["flow.retrain.snapshot"]) == snapshot:
             reason = f"no snapshot of {events.table} since {snapshot}: nothing new to train on"
@@ -158,9 +163,7 @@ def _retrain(
             if launch_spark(argv, env):
                 raise ConfigError(f"the backfill of {app} failed; see its output above")
         commit = max(channel.commit_ids(), default=-1)
-        decision = _train(
-            stack, channel, after, model_name, margin, holdout_share, train_args, run.run_id
-        )
+        decision = _train(channel, after, settings, run.run_id)
         outcome = "promoted" if decision["promote"] else "kept"
         run.set_tags(
             {
@@ -174,28 +177,19 @@ def _retrain(
         return RetrainOutcome(outcome, decision["reason"], snapshot, run.run_id)
 
 
-def _train(
-    stack: StackConfig,
-    channel: Channel,
-    after: int,
-    model_name: str,
-    margin: float,
-    holdout_share: float,
-    train_args: str,
-    parent: str,
-) -> dict[str, Any]:
+def _train(channel: Channel, after: int, settings: RetrainSettings, parent: str) -> dict[str, Any]:
     """The trainer over the new commits, warm-started, deciding promotion; its decision."""
     with tempfile.TemporaryDirectory() as folder:
         result = Path(folder) / "result.json"
         command = [
             sys.executable, "-m", "trainers", "train",
             "--handoff", channel.root.uri, "--channel", channel.name,
-            "--after-commit", str(after), "--holdout-share", str(holdout_share),
-            "--register-as", model_name, "--init-from-champion",
-            "--promote-margin", str(margin), "--parent-run-id", parent,
-            "--experiment", f"retrain-{model_name}", "--result-file", str(result),
+            "--after-commit", str(after), "--holdout-share", str(settings.holdout_share),
+            "--register-as", settings.model_name, "--init-from-champion",
+            "--promote-margin", str(settings.margin), "--parent-run-id", parent,
+            "--experiment", f"retrain-{settings.model_name}", "--result-file", str(result),
             "--checkpoint-dir", str(Path(folder) / "checkpoints"),
-            *shlex.split(train_args),
+            *shlex.split(settings.train_args),
         ]  # fmt: skip
         done = subprocess.run(command, check=False)
         if done.returncode != 0 or not result.exists():

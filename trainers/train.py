@@ -156,12 +156,14 @@ def _reader(
     return MixedReader({channels[0]: first, **later}, priority=list(channels), seed=config.seed)
 
 
-def _holdout(config: TrainConfig) -> frozenset[int] | None:
-    """The buckets held out of training: the first share of them (rows hash to buckets)."""
+def _holdout(config: TrainConfig) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+    """(held out, trained on): the first share of the buckets and the rest (rows hash to
+    buckets, so this is a random slice, the same every run); (None, None) without a share."""
     if not config.holdout_share:
-        return None
+        return None, None
     total = ChannelReader(config.handoff, config.channels[0]).channel.meta().num_buckets
-    return frozenset(range(max(1, round(config.holdout_share * total))))
+    held = frozenset(range(max(1, round(config.holdout_share * total))))
+    return held, frozenset(range(total)) - held
 
 
 def _needed_now(config: TrainConfig) -> tuple[str, ...]:
@@ -302,11 +304,7 @@ class _Session:
             self.net = torch.compile(self.net)  # type: ignore[assignment]
         bf16 = config.bf16 if config.bf16 is not None else self.device.type == "cuda"
         self.bf16 = bf16
-        self.holdout = _holdout(config)
-        kept = None
-        if self.holdout is not None:
-            total = ChannelReader(config.handoff, config.channels[0]).channel.meta().num_buckets
-            kept = frozenset(range(total)) - self.holdout
+        self.holdout, kept = _holdout(config)
         self.reader = _reader(config, self.world, config.channels, train=True, buckets=kept)
         self.champion: CTRModel | None = None
         if config.init_from_champion or config.promote_margin is not None:

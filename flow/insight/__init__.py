@@ -12,6 +12,7 @@ and, for a run, into its MLflow artifacts under ``insight/<channel>``.
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,6 @@ def _folder(stack: StackConfig, where: str, channel: str) -> Path:
 
 
 def _previous(folder: Path) -> Profile | None:
-    import json
-
     earlier = sorted(p for p in folder.glob("*/profile.json"))
     return Profile.from_dict(json.loads(earlier[-1].read_text())) if earlier else None
 
