@@ -31,11 +31,21 @@ class _Reader(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+_warned = False
+
+
 def _tensor(values: np.ndarray) -> torch.Tensor:
-    # Arrow buffers are read-only; torch warns for every view of one. The view is the point.
+    # Arrow buffers are read-only and torch warns at its first view of one; the view is the
+    # point. Torch warns only once per process, so only that first view needs the (not free)
+    # warnings context.
+    global _warned
+    if _warned or values.flags.writeable:
+        return torch.from_numpy(values)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(values)
+        tensor = torch.from_numpy(values)
+    _warned = True
+    return tensor
 
 
 def _column(array: pa.Array) -> np.ndarray | None:
