@@ -324,14 +324,12 @@ def bench_spark_write(folder: Path, rows: int, repeat: int) -> dict[str, Any]:
         df.write.mode("overwrite").parquet(str(folder / "parquet"))
 
     def parquet_repartitioned() -> None:
-        # What export does before writing: a random bucket, a repartition, a sort within.
+        # What export does before writing: a random bucket and a repartition by it.
         bucket = F.pmod(F.xxhash64(F.rand(0), F.lit(0)), F.lit(BUCKETS))
         (
             df.withColumn("_b", bucket)
-            .withColumn("_o", F.rand(1))
             .repartition(tasks, "_b")
-            .sortWithinPartitions("_b", "_o")
-            .drop("_b", "_o")
+            .drop("_b")
             .write.mode("overwrite")
             .parquet(str(folder / "parquet-shuffled"))
         )

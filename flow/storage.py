@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pyarrow as pa
 from pyarrow import fs as pafs
 
 __all__ = ["Location", "location"]
@@ -35,7 +36,7 @@ class Location:
     def _local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
 
-    def write_bytes(self, name: str, data: bytes) -> str:
+    def write_bytes(self, name: str, data: bytes | pa.Buffer) -> str:
         """Write ``name`` in this folder atomically; returns its path."""
         self.fs.create_dir(self.path, recursive=True)
         target = f"{self.path}/{name}"

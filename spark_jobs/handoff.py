@@ -1,10 +1,10 @@
 """Spark DataFrames into a handoff channel: bucketed and shuffled by Spark, written by its tasks.
 
-Rows get a bucket, ``hash(shuffle key or a random value, seed) mod num_buckets``, and a random
-sort key; a repartition by bucket (Spark's all-to-all shuffle) and a sort within partitions put
-each bucket's rows together in random order. Each task (``mapInArrow``, pyarrow only) writes one
-shard per bucket it holds, and returns what it wrote; the driver then commits exactly those
-shards. Shards of failed or speculative task attempts are never returned, so never committed,
+Rows get a bucket, ``hash(shuffle key or a random value, seed) mod num_buckets``; a repartition
+by bucket (Spark's all-to-all shuffle) sends each bucket to one task. Each task (``mapInArrow``,
+pyarrow and numpy only) groups its rows by bucket, writes each bucket's rows permuted as shards of
+at most ``max_rows_per_shard`` rows, and returns what it wrote; the driver then commits exactly
+those shards. Shards of failed or speculative task attempts are never returned, so never committed,
 so never read.
 """
 
@@ -15,20 +15,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from flow.errors import HandoffError
 from flow.handoff import Channel, Commit, ShardInfo
 from flow.handoff.format import schema_fingerprint
+from flow.handoff.shards import fixed_size_lists
 
 __all__ = ["ExportOptions", "arrow_schema", "export"]
 
 _BUCKET = "_flow_bucket"
-_ORDER = "_flow_order"
+_TASK = "_flow_task"
 _SHARDS = (
     "path string, bucket int, rows long, bytes long, checksum string, "
     "event_min timestamp, event_max timestamp"
@@ -97,64 +99,126 @@ def arrow_schema(df: DataFrame, fixed_sizes: Mapping[str, int]) -> pa.Schema:
     return pa.schema(fields)
 
 
+class _Buckets:
+    """One writer task's rows, grouped by bucket until a bucket fills a shard.
+
+    Rows arrive in Arrow batches of mixed buckets; each batch is regrouped by bucket (one
+    gather). A shard is written when its bucket reaches ``max_rows``, or, when the task holds
+    more than ``2 x max_rows`` rows in all, for its largest bucket, so memory stays bounded
+    however many buckets a task has. Each shard's rows are permuted once more as a whole
+    (seeded), so rows from the same upstream partition do not stay together.
+    """
+
+    def __init__(
+        self,
+        write: Callable[[int, pa.Table], None],
+        max_rows: int,
+        rng: np.random.Generator,
+    ) -> None:
+        self._write = write
+        self._max_rows = max_rows
+        self._rng = rng
+        self._pieces: dict[int, list[pa.RecordBatch]] = {}
+        self._rows: dict[int, int] = {}
+        self._held = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        buckets = batch.column(_BUCKET).to_numpy()
+        order = np.argsort(buckets, kind="stable")
+        grouped = batch.drop_columns([_BUCKET]).take(pa.array(order))
+        ordered = buckets[order]
+        starts = np.flatnonzero(np.diff(ordered)) + 1
+        for start, stop in zip(
+            [0, *starts.tolist()], [*starts.tolist(), len(ordered)], strict=True
+        ):
+            if stop > start:
+                bucket = int(ordered[start])
+                self._pieces.setdefault(bucket, []).append(grouped.slice(start, stop - start))
+                self._rows[bucket] = self._rows.get(bucket, 0) + stop - start
+        self._held += len(ordered)
+        for bucket in [b for b, n in self._rows.items() if n >= self._max_rows]:
+            self._flush(bucket)
+        while self._held > 2 * self._max_rows:
+            self._flush(max(self._rows, key=lambda b: self._rows[b]))
+
+    def finish(self) -> None:
+        for bucket in sorted(self._rows):
+            self._flush(bucket)
+
+    def _flush(self, bucket: int) -> None:
+        table = pa.Table.from_batches(self._pieces.pop(bucket))
+        self._held -= self._rows.pop(bucket)
+        for start in range(0, table.num_rows, self._max_rows):
+            part = table.slice(start, self._max_rows)
+            order = pa.array(self._rng.permutation(part.num_rows))
+            self._write(bucket, part.take(order).combine_chunks())
+
+
 def _task_writer(
-    root: str, channel: str, batch_id: int, event_time: str | None, max_rows: int
+    root: str, channel: str, batch_id: int, options: ExportOptions
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
-    """The function each writer task runs: its rows arrive grouped by bucket, in random order."""
+    """The function each writer task runs: its rows, of several buckets, in Arrow batches."""
+    event_time = options.event_time
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
-        task = (
-            f"p{context.partitionId()}-a{context.attemptNumber()}"
-            if context is not None
-            else "local"
+        partition, attempt = (
+            (context.partitionId(), context.attemptNumber()) if context is not None else (0, 0)
         )
+        task = f"p{partition}-a{attempt}" if context is not None else "local"
         target = Channel(root, channel)
         written: list[dict[str, Any]] = []
-        run: list[pa.RecordBatch] = []
-        run_rows = 0
-        run_bucket = -1
 
-        def flush() -> None:
-            nonlocal run, run_rows
-            if not run_rows:
-                return
-            table = pa.Table.from_batches(run).drop_columns([_BUCKET, _ORDER])
-            info = target.write_bucket(batch_id, run_bucket, table, task)
+        def shard(bucket: int, table: pa.Table) -> None:
+            info = target.write_bucket(batch_id, bucket, table, task)
             low = high = None
             if event_time is not None and table.num_rows:
                 extremes = pc.min_max(table.column(event_time))
                 low, high = extremes["min"].as_py(), extremes["max"].as_py()
             written.append({**info.__dict__, "event_min": low, "event_max": high})
-            run, run_rows = [], 0
 
+        # Fixed-length arrays as fixed-size lists first: regrouping those is a block copy.
+        sizes = {
+            f.name: f.type.list_size
+            for f in target.meta().schema
+            if pa.types.is_fixed_size_list(f.type)
+        }
+        rng = np.random.default_rng([options.seed, batch_id, partition])
+        buckets = _Buckets(shard, options.max_rows_per_shard, rng)
         for batch in batches:
-            buckets = batch.column(_BUCKET).to_numpy()
-            start = 0
-            while start < len(buckets):
-                bucket = int(buckets[start])
-                end = start
-                while end < len(buckets) and buckets[end] == bucket:
-                    end += 1
-                if bucket != run_bucket:
-                    flush()
-                    run_bucket = bucket
-                piece = batch.slice(start, end - start)
-                while piece.num_rows:
-                    room = max_rows - run_rows
-                    run.append(piece.slice(0, room))
-                    run_rows += min(room, piece.num_rows)
-                    piece = piece.slice(room)
-                    if run_rows >= max_rows:
-                        flush()
-                start = end
-        flush()
+            table = fixed_size_lists(pa.Table.from_batches([batch]), sizes)
+            for part in table.to_batches():
+                buckets.add(part)
+        buckets.finish()
         if written:
             yield pa.RecordBatch.from_pylist(written, schema=_SHARDS_ARROW)
 
     return write
+
+
+def _partition_keys(spark: SparkSession, tasks: int) -> list[int]:
+    """For each task t, an int that Spark's hash partitioning into ``tasks`` sends to task t.
+
+    Repartitioning by the bucket itself would hash the bucket ids: some tasks would get two
+    or three buckets and others none (a straggler, or idle cores). Repartitioning by these
+    keys sends bucket b to task ``b % tasks`` exactly. Found by asking Spark for the partition
+    of candidate ints (``pmod(hash(k), tasks)`` is what ``repartition(tasks, k)`` computes).
+    """
+    found: dict[int, int] = {}
+    candidates = 64 * tasks
+    while len(found) < tasks:
+        k = F.col("id").cast("int")
+        rows = (
+            spark.range(candidates)
+            .select(k.alias("k"), F.pmod(F.hash(k), F.lit(tasks)).alias("p"))
+            .collect()
+        )
+        for row in rows:
+            found.setdefault(int(row["p"]), int(row["k"]))
+        candidates *= 4
+    return [found[t] for t in range(tasks)]
 
 
 def export(
@@ -202,18 +266,17 @@ def export(
     spark = df.sparkSession
     key = F.col(options.shuffle_key).cast("string") if options.shuffle_key else F.rand(options.seed)
     tasks = options.tasks or min(options.num_buckets, 2 * spark.sparkContext.defaultParallelism)
+    # The all-to-all shuffle is Spark's; grouping by bucket and permuting within a shard are
+    # the task's (in Python: a Spark sort within partitions cost as much as the exchange).
+    bucket = F.pmod(F.xxhash64(key, F.lit(options.seed)), F.lit(options.num_buckets)).cast("int")
+    keys = F.array(*[F.lit(k) for k in _partition_keys(spark, tasks)])
     shuffled = (
-        df.withColumn(
-            _BUCKET,
-            F.pmod(F.xxhash64(key, F.lit(options.seed)), F.lit(options.num_buckets)).cast("int"),
-        )
-        .withColumn(_ORDER, F.rand(options.seed + 1))
-        .repartition(tasks, _BUCKET)
-        .sortWithinPartitions(_BUCKET, _ORDER)
+        df.withColumn(_BUCKET, bucket)
+        .withColumn(_TASK, F.element_at(keys, F.col(_BUCKET) % tasks + 1))
+        .repartition(tasks, _TASK)
+        .drop(_TASK)
     )
-    writer_task = _task_writer(
-        channel.root.uri, channel.name, batch_id, options.event_time, options.max_rows_per_shard
-    )
+    writer_task = _task_writer(channel.root.uri, channel.name, batch_id, options)
     rows = shuffled.mapInArrow(writer_task, _SHARDS).collect()
     shards = tuple(
         ShardInfo(r["path"], r["bucket"], r["rows"], r["bytes"], r["checksum"])

@@ -52,7 +52,7 @@ def write_shard(
     with pa.ipc.new_file(sink, table.schema, options=options) as writer:
         writer.write_table(table, max_chunksize=max(1, table.num_rows))
     data = sink.getvalue()
-    folder.write_bytes(name, data.to_pybytes())
+    folder.write_bytes(name, data)
     return ShardInfo(
         path=name,
         bucket=bucket,

@@ -56,6 +56,9 @@ def test_a_dataframe_is_bucketed_shuffled_and_read_back_once_per_row(
     assert commit is not None
     assert commit.rows == 10_000
     assert {s.bucket for s in commit.shards} == set(range(8))
+    # Bucket b goes to task b % 4, exactly: two buckets per task, none idle.
+    tasks = {s.bucket: s.path.split("-")[1] for s in commit.shards}
+    assert tasks == {b: f"p{b % 4}" for b in range(8)}
     assert commit.event_time["min"] is not None
     meta = channel.meta()
     dense = meta.schema.field("dense").type
@@ -64,7 +67,7 @@ def test_a_dataframe_is_bucketed_shuffled_and_read_back_once_per_row(
 
     per_rank = ids_per_rank(tmp_path, "train", 4)
     assert Counter(i for r in per_rank for i in r) == Counter(range(10_000))
-    # Rows within a shard were permuted by Spark: not in id order.
+    # Rows within a shard were permuted by the writer task: not in id order.
     first = ChannelReader(
         str(tmp_path), "train", options=ReadOptions(batch_size=100, shuffle=False)
     )
