@@ -51,6 +51,7 @@ from flow.handoff.shards import read_shard
 from flow.pipeline.state import Layout
 from trainers.data import to_tensors
 
+NEEDS_SERVICES = False  # `flow bench handoff` leaves Kafka and MLflow down: nothing here uses them
 BATCH = 4096
 BUCKETS = 32
 DENSE, SPARSE = 13, 26

@@ -20,6 +20,7 @@ Heavy imports (pyiceberg, MLflow, Kafka clients) happen inside the commands that
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shlex
@@ -506,8 +507,22 @@ def bench(name: str, argv: tuple[str, ...]) -> None:
             f"no benchmark {name!r} in {Path('benchmarks').resolve()}; benchmarks: "
             f"{', '.join(found) or 'none (run from the project folder)'}"
         )
-    stack = _stack_up()
+    # A benchmark that needs no Kafka or MLflow says so: on two cores, idle services still
+    # take a share of the CPU it measures.
+    stack = _stack_up() if _needs_services(script) else stack_config()
     raise SystemExit(_launch(["--driver-memory", "4g", str(script), *argv], stack))
+
+
+def _needs_services(script: Path) -> bool:
+    """False when the benchmark sets ``NEEDS_SERVICES = False`` at module level."""
+    for node in ast.parse(script.read_text()).body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "NEEDS_SERVICES" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+        ):
+            return bool(node.value.value)
+    return True
 
 
 @main.command("spark-args")

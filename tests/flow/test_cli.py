@@ -41,3 +41,15 @@ def test_brackets_in_messages_are_printed_not_taken_for_markup(tmp_path: Path) -
     done = run_flow(["submit", str(missing)], stack_env_for(tmp_path))
     assert done.returncode == 1
     assert f"{missing} does not exist" in done.stderr.replace("\n", "")
+
+
+def test_a_benchmark_can_say_it_runs_without_the_services(tmp_path: Path) -> None:
+    from flow.cli import _needs_services
+
+    quiet = tmp_path / "quiet.py"
+    quiet.write_text('"""A benchmark."""\nNEEDS_SERVICES = False\n')
+    plain = tmp_path / "plain.py"
+    plain.write_text("print('hello')\n")
+    assert not _needs_services(quiet)
+    assert _needs_services(plain)
+    assert not _needs_services(Path("benchmarks/handoff.py"))
