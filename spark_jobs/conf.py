@@ -8,6 +8,7 @@ the same settings reach a session pyspark launches, a ``flow submit`` command li
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,6 +51,12 @@ REQUIRED_CLASSES = {
 
 def is_local_master(master: str) -> bool:
     return master.startswith("local")
+
+
+def _workers_run_this_python() -> bool:
+    """Python workers will run this interpreter (so they can import this package)."""
+    chosen = os.environ.get("PYSPARK_PYTHON")
+    return chosen is None or os.path.realpath(chosen) == os.path.realpath(sys.executable)
 
 
 def catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
@@ -95,6 +102,10 @@ def session_conf(stack: StackConfig, *, local: bool) -> dict[str, str]:
                 "spark.databricks.delta.snapshotPartitions": str(max(2, cores)),
             }
         )
+        if _workers_run_this_python():
+            # Python tasks without re-reading Spark's archives or collecting pyspark's objects
+            # each time: 16 empty Arrow tasks took 1.5 s, 0.56 s with it (spark_jobs.pyworker).
+            conf["spark.python.daemon.module"] = "spark_jobs.pyworker"
     return conf
 
 

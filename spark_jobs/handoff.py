@@ -198,14 +198,21 @@ def _task_writer(
     return write
 
 
+_KEYS: dict[tuple[str, int], list[int]] = {}
+
+
 def _partition_keys(spark: SparkSession, tasks: int) -> list[int]:
     """For each task t, an int that Spark's hash partitioning into ``tasks`` sends to task t.
 
     Repartitioning by the bucket itself would hash the bucket ids: some tasks would get two
     or three buckets and others none (a straggler, or idle cores). Repartitioning by these
     keys sends bucket b to task ``b % tasks`` exactly. Found by asking Spark for the partition
-    of candidate ints (``pmod(hash(k), tasks)`` is what ``repartition(tasks, k)`` computes).
+    of candidate ints (``pmod(hash(k), tasks)`` is what ``repartition(tasks, k)`` computes),
+    once per Spark version and task count: a job each micro-batch cost 0.1 s.
     """
+    cached = _KEYS.get((spark.version, tasks))
+    if cached is not None:
+        return cached
     found: dict[int, int] = {}
     candidates = 64 * tasks
     while len(found) < tasks:
@@ -218,7 +225,8 @@ def _partition_keys(spark: SparkSession, tasks: int) -> list[int]:
         for row in rows:
             found.setdefault(int(row["p"]), int(row["k"]))
         candidates *= 4
-    return [found[t] for t in range(tasks)]
+    keys = _KEYS[(spark.version, tasks)] = [found[t] for t in range(tasks)]
+    return keys
 
 
 def export(

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+import pytest
 
 from flow.config import StackConfig
 from spark_jobs.conf import LAUNCH_KEYS, catalog_conf, session_conf, stack_conf
@@ -40,6 +43,7 @@ def test_local_sessions_bind_to_loopback_and_clusters_are_left_alone(tmp_path: P
     assert local["spark.driver.bindAddress"] == "127.0.0.1"
     assert "spark.driver.bindAddress" not in cluster
     assert "spark.sql.shuffle.partitions" not in cluster
+    assert "spark.python.daemon.module" not in cluster  # executors may lack this package
     for conf in (local, cluster):
         assert "IcebergSparkSessionExtensions" in conf["spark.sql.extensions"]
         assert "DeltaSparkSessionExtension" in conf["spark.sql.extensions"]
@@ -55,3 +59,15 @@ def test_launch_settings_carry_jars_and_the_jdbc_driver(tmp_path: Path) -> None:
     assert conf["spark.driver.extraClassPath"] == str(jars[1])
     assert "spark.driver.memory" not in conf  # a cluster's driver memory is the user's call
     assert set(conf) | {"spark.driver.memory"} >= LAUNCH_KEYS
+
+
+def test_local_python_workers_use_the_lean_daemon_only_when_they_run_this_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert session_conf(stack, local=True)["spark.python.daemon.module"] == "spark_jobs.pyworker"
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    assert "spark.python.daemon.module" in session_conf(stack, local=True)
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/other/python3")
+    assert "spark.python.daemon.module" not in session_conf(stack, local=True)
