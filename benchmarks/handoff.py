@@ -246,8 +246,9 @@ def bench_latency(root: Path, tries: int = 5) -> dict[str, float]:
     return {"median_s": statistics.median(waits), "max_s": max(waits), "tries": tries}
 
 
-def bench_resume(root: Path, after_batches: int = 150) -> dict[str, Any]:
+def bench_resume(root: Path, rows: int) -> dict[str, Any]:
     """Stop a shuffled reader mid-epoch, restart from its cursor, time the first batch."""
+    after_batches = min(150, rows // (2 * BATCH))  # mid-epoch however few rows
     reader = handoff_reader(root, "criteo", True, seed=3)
     batches = iter(reader)
     for _ in range(after_batches):
@@ -353,10 +354,33 @@ def bench_spark_write(folder: Path, rows: int, repeat: int) -> dict[str, Any]:
     return {
         "rows": rows,
         "cores": cores,
+        "python_task_s": python_task_cost(spark, repeat),
+        "python_daemon": spark.conf.get("spark.python.daemon.module", "pyspark.daemon"),
         "rows_per_s": rates,
         "ratio_vs_parquet": rates["handoff"] / rates["parquet"],
         "ratio_vs_parquet_repartitioned": rates["handoff"] / rates["parquet_repartitioned"],
     }
+
+
+def python_task_cost(spark: Any, repeat: int, tasks: int = 16) -> float:
+    """Seconds of wall time per empty Arrow task, all cores busy: PySpark's fixed cost a task.
+
+    Compare runs with and without ``--conf spark.python.daemon.module=pyspark.daemon`` to see
+    what ``spark_jobs.pyworker`` saves.
+    """
+
+    def nothing(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for _ in batches:
+            pass
+        return iter(())
+
+    def run() -> float:
+        start = time.perf_counter()
+        spark.range(tasks, numPartitions=tasks).mapInArrow(nothing, "x int").collect()
+        return time.perf_counter() - start
+
+    run()  # workers started
+    return statistics.median(run() for _ in range(repeat)) / tasks
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -433,6 +457,10 @@ def show(results: dict[str, Any]) -> None:
             + f" -> ratio {s['ratio_vs_parquet']:.2f} vs Parquet, "
             f"{s['ratio_vs_parquet_repartitioned']:.2f} vs Parquet after the same repartition"
         )
+        out.print(
+            f"python task fixed cost        {s['python_task_s'] * 1e3:.0f} ms a task "
+            f"(empty mapInArrow, {s['python_daemon']})"
+        )
 
 
 def main() -> None:
@@ -464,7 +492,7 @@ def main() -> None:
     results["ratios"] = ratios(results["readers"])
     out.print("latency, resume, memory ...")
     results["latency"] = bench_latency(work)
-    results["resume"] = bench_resume(work)
+    results["resume"] = bench_resume(work, args.rows)
     results["memory"] = bench_memory(work, chunks)
     if not args.skip_spark:
         out.print(f"spark write: {args.spark_rows:,} rows ...")
