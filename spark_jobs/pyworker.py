@@ -1,18 +1,22 @@
 """PySpark's worker daemon, without Spark's zips and jars costing every Python task.
 
 Spark starts Python workers with three archives first on ``PYTHONPATH``: ``pyspark.zip``,
-py4j's zip and the ``spark-core`` jar (5,000+ entries). Two costs follow, measured here:
+py4j's zip and the ``spark-core`` jar (5,000+ entries). With them come three costs, found with
+py-spy across the worker processes:
 
 - Before each task a worker calls ``importlib.invalidate_caches()``. On Python 3.10 and 3.11
   every ``zipimporter`` then reads its archive's whole directory again (CPython gh-103200,
-  made lazy in 3.12): ~0.25 s of CPU per task, as much as writing a task's 250k rows.
+  made lazy in 3.12): ~0.2 s of CPU per task, about what writing a task's 250k rows costs.
 - ``pyspark.zip`` holds no bytecode, so each new daemon compiles pyspark's modules from source
-  (~2 s of CPU per session).
+  (seconds of CPU per session).
+- After each task a reused worker runs ``gc.collect()`` over everything pyspark, pyarrow and
+  pandas made at import (~40 ms).
 
 Started as ``spark.python.daemon.module`` (the stack sets it for local masters), this module
 drops those archives from ``sys.path`` when they lie inside a pip-installed pyspark that can
 be imported without them (the same files, with their bytecode), makes a remaining archive's
-invalidation re-read it only if the file changed, then runs PySpark's own daemon.
+invalidation re-read it only if the file changed, imports and freezes the Arrow worker's modules
+(:func:`freeze_imports`), then runs PySpark's own daemon.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import zipimport
 from importlib.machinery import PathFinder
 from typing import Any
 
-__all__ = ["install", "prefer_installed_pyspark"]
+__all__ = ["freeze_imports", "install", "prefer_installed_pyspark"]
 
 _STAMP = "_flow_stamp"
 
