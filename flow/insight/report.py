@@ -14,6 +14,7 @@ import html
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from flow.insight.drift import DRIFTED, Drift, compare
 from flow.insight.profile import Profile
@@ -60,6 +61,16 @@ def findings(profile: Profile, reference: Profile | None, drift: list[Drift]) ->
     return said
 
 
+def _save(fig: Any, folder: Path, name: str) -> str:
+    """Lay ``fig`` out, write it as ``folder/name`` and free it; ``name``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(folder / name, dpi=100)
+    plt.close(fig)
+    return name
+
+
 def _plots(insight: Insight, folder: Path) -> list[str]:
     import matplotlib
 
@@ -87,20 +98,14 @@ def _plots(insight: Insight, folder: Path) -> list[str]:
             ax.axis("off")
         axes.flat[0].legend(fontsize=7)
         fig.suptitle("numeric features: rows per decile of the reference")
-        fig.tight_layout()
-        fig.savefig(folder / "numeric.png", dpi=100)
-        plt.close(fig)
-        made.append("numeric.png")
+        made.append(_save(fig, folder, "numeric.png"))
     if profile.categorical:
         names = list(profile.categorical)
         fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.2))
         ax.barh(names, [profile.categorical[n].oov_rate for n in names], color="tab:orange")
         ax.set_xlabel("share of rows at index 0 (null / out of vocabulary)")
         ax.invert_yaxis()
-        fig.tight_layout()
-        fig.savefig(folder / "categorical.png", dpi=100)
-        plt.close(fig)
-        made.append("categorical.png")
+        made.append(_save(fig, folder, "categorical.png"))
     if profile.label_rate_by_hour:
         hours = sorted(profile.label_rate_by_hour)
         fig, ax = plt.subplots(figsize=(8, 2.8))
@@ -109,10 +114,7 @@ def _plots(insight: Insight, folder: Path) -> list[str]:
         ax.set_xticklabels([hours[i][5:13] for i in ax.get_xticks()], fontsize=7)
         ax.set_ylabel("label rate")
         ax.set_title("label rate over event time (hourly)")
-        fig.tight_layout()
-        fig.savefig(folder / "label_rate.png", dpi=100)
-        plt.close(fig)
-        made.append("label_rate.png")
+        made.append(_save(fig, folder, "label_rate.png"))
     return made
 
 
