@@ -10,7 +10,8 @@ turned into torch tensors as a trainer gets them (``dense`` [B, 13], ``sparse`` 
   shard files in order (no shuffle, no checks: the floor of any Arrow loader); Petastorm's best
   path (``make_batch_reader`` + ``BatchedDataLoader``, with and without its shuffling queue) and
   Ray Data (``iter_torch_batches`` with and without a local shuffle buffer), each in its own
-  virtual environment (Petastorm needs pyarrow 14) reading the same rows as Parquet.
+  virtual environment (Petastorm needs pyarrow 14) reading the same rows as Parquet. Each
+  ratio to a baseline is against our reader measured just before and after that baseline ran.
 * latency: a following reader, from a channel's first commit landing to its first batch.
 * resume: a reader restarted from a cursor taken mid-epoch, to its first batch (and that batch
   is checked to be the one the interrupted reader would have produced).
@@ -178,25 +179,34 @@ def raw_pyarrow(channel: Channel) -> Iterator[pa.RecordBatch]:
 def bench_readers(root: Path, parquet: Path, repeat: int, baselines: bool) -> dict[str, Any]:
     channel = Channel(str(root), "criteo")
     results: dict[str, Any] = {}
-    for shuffle in (True, False):
-        label = "shuffled" if shuffle else "unshuffled"
-        out.print(f"  handoff reader, {label} ...")
-        stats: list[float] = []
+    stats: list[float] = []
 
-        def run(shuffle: bool = shuffle, stats: list[float] = stats) -> Iterator[pa.RecordBatch]:
+    def ours(shuffle: bool) -> dict[str, float]:
+        def run() -> Iterator[pa.RecordBatch]:
             reader = handoff_reader(root, "criteo", shuffle)
             yield from reader
             stats.append(reader.stats.shards_per_batch)
 
-        results[f"handoff_{label}"] = measure(run, repeat) | {"shards_per_batch": stats[-1]}
+        return measure(run, repeat) | {"shards_per_batch": stats[-1]}
+
+    for shuffle in (True, False):
+        label = "shuffled" if shuffle else "unshuffled"
+        out.print(f"  handoff reader, {label} ...")
+        results[f"handoff_{label}"] = ours(shuffle)
     out.print("  raw pyarrow, in order ...")
     results["raw_pyarrow"] = measure(lambda: raw_pyarrow(channel), repeat)
     if baselines:
-        results.update(bench_baselines(parquet))
+        results.update(bench_baselines(parquet, lambda shuffle: ours(shuffle)["rows_per_s"]))
     return results
 
 
-def bench_baselines(parquet: Path) -> dict[str, Any]:
+def bench_baselines(parquet: Path, ours: Callable[[bool], float]) -> dict[str, Any]:
+    """Each baseline's run, with ours measured just before and just after it.
+
+    The machine's speed drifts by up to 2x over minutes, and a baseline runs for 10-40 s some
+    minutes after our readers were first measured: a ratio is taken against our rate around
+    the baseline's own run (``handoff_around``), so drift moves both sides of it alike.
+    """
     sys.path.insert(0, str(Path(__file__).parent))
     from baselines.envs import run_baseline
 
@@ -206,11 +216,14 @@ def bench_baselines(parquet: Path) -> dict[str, Any]:
         for shuffle in (False, True):
             label = f"{name}_{'shuffled' if shuffle else 'unshuffled'}"
             out.print(f"  {name}, {'shuffled' if shuffle else 'unshuffled'} (own venv) ...")
+            before = ours(shuffle)
             try:
                 results[label] = run_baseline(name, home, parquet, shuffle=shuffle)
             except Exception as exc:  # a baseline that cannot run is reported, not fatal
                 out.print(f"  [yellow]{name} failed:[/] {str(exc)[-2000:]}", markup=True)
                 results[label] = {"error": str(exc)[-2000:]}
+                continue
+            results[label]["handoff_around"] = [before, ours(shuffle)]
     return results
 
 
@@ -396,8 +409,10 @@ def ratios(readers: dict[str, Any]) -> dict[str, float]:
     for other in ("petastorm", "ray"):
         for mode in ("shuffled", "unshuffled"):
             theirs = rate(f"{other}_{mode}")
-            if theirs and ours[mode]:
-                found[f"vs_{other}_{mode}"] = ours[mode] / theirs  # type: ignore[operator]
+            around = readers.get(f"{other}_{mode}", {}).get("handoff_around")
+            mine = statistics.mean(around) if around else ours[mode]
+            if theirs and mine:
+                found[f"vs_{other}_{mode}"] = mine / theirs
     raw = rate("raw_pyarrow")
     if raw and ours["unshuffled"]:
         found["unshuffled_vs_raw_pyarrow"] = ours["unshuffled"] / raw
@@ -429,10 +444,16 @@ def plot(readers: dict[str, Any], path: Path) -> None:
 def show(results: dict[str, Any]) -> None:
     readers = results.get("readers", {})
     for key, value in readers.items():
-        if "rows_per_s" in value:
-            out.print(f"{key:24} {value['rows_per_s'] / 1e6:8.2f}M rows/s")
-        else:
+        if "rows_per_s" not in value:
             out.print(f"{key:24} failed")
+            continue
+        around = value.get("handoff_around")
+        beside = (
+            f"   (handoff just before / after: {around[0] / 1e6:.2f}M / {around[1] / 1e6:.2f}M)"
+            if around
+            else ""
+        )
+        out.print(f"{key:24} {value['rows_per_s'] / 1e6:8.2f}M rows/s{beside}")
     for key, value in results.get("ratios", {}).items():
         out.print(f"{key:32} {value:6.2f}x")
     if "latency" in results:

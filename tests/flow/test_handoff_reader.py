@@ -70,6 +70,26 @@ def test_a_resumed_reader_continues_with_exactly_the_remaining_batches(
         assert resumed[: len(reference)] == reference
 
 
+def test_background_decoding_changes_nothing(tmp_path: Path) -> None:
+    """Threads (prefetch > 0) open and decode shards ahead: same batches, same cursors."""
+    w = Writer(tmp_path, "c", buckets=4)
+    for sizes in ([210, 90, 333, 50], [17], [400, 400, 12, 7]):
+        w.commit(sizes)
+
+    def batches_and_cursors(prefetch: int) -> list[tuple[list[int], dict[str, object]]]:
+        options = ReadOptions(batch_size=32, window_rows=100, seed=5, prefetch=prefetch)
+        reader = ChannelReader(str(tmp_path), "c", options=options)
+        return [
+            (batch.column("id").to_pylist(), reader.state_dict())
+            for _ in range(2)  # two epochs
+            for batch in reader
+        ]
+
+    inline = batches_and_cursors(0)
+    assert len(inline) > 2 * 1500 // 100  # many windows, their shards decoded ahead
+    assert batches_and_cursors(8) == inline
+
+
 def test_following_reads_commits_as_they_land_and_ends_when_closed(tmp_path: Path) -> None:
     w = Writer(tmp_path, "live", buckets=2)
     written: list[int] = []
