@@ -136,7 +136,9 @@ def show(where: str, name: str, last: int) -> None:
     meta = channel.meta()
     console.print(
         f"[bold]{escape(name)}[/] in {escape(str(channel.root))}: {meta.num_buckets} buckets, "
-        f"compression {meta.compression}, created {meta.created_at}"
+        f"compression {meta.compression}"
+        + (f" (level {meta.compression_level})" if meta.compression_level is not None else "")
+        + f", created {meta.created_at}"
         + (", [bold]closed[/]" if channel.closed() else ""),
         highlight=False,
     )

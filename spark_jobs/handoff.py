@@ -54,6 +54,8 @@ class ExportOptions:
 
     num_buckets: int = 64
     compression: str | None = "lz4"
+    compression_level: int | None = None
+    """None: the handoff's default for the codec (see flow.handoff.shards.codec)."""
     shuffle_key: str | None = None
     seed: int = 0
     max_rows_per_shard: int = 256_000
@@ -263,6 +265,7 @@ def export(
         schema,
         num_buckets=options.num_buckets,
         compression=options.compression,
+        compression_level=options.compression_level,
         layout=options.layout,
         feature_state=options.feature_state,
         max_unconsumed_bytes=options.max_unconsumed_bytes,

@@ -54,6 +54,7 @@ def export_options(
     return ExportOptions(
         num_buckets=output.num_buckets,
         compression=output.compression,
+        compression_level=output.compression_level,
         shuffle_key=output.shuffle_key,
         seed=seed,
         max_rows_per_shard=output.max_rows_per_shard,

@@ -83,10 +83,17 @@ class Writer:
     """Writes channels the way Spark tasks and the driver do, with numbered rows."""
 
     def __init__(
-        self, root: Path | str, name: str, buckets: int = 4, compression: str | None = "lz4"
+        self,
+        root: Path | str,
+        name: str,
+        buckets: int = 4,
+        compression: str | None = "lz4",
+        level: int | None = None,
     ):
         self.channel = Channel(str(root), name)
-        self.channel.create(NUMBERED, num_buckets=buckets, compression=compression)
+        self.channel.create(
+            NUMBERED, num_buckets=buckets, compression=compression, compression_level=level
+        )
         self.buckets = buckets
         self.next_id = 0
         self.batch = 0

@@ -26,7 +26,7 @@ from flow.handoff.format import (
     ShardInfo,
     commit_name,
 )
-from flow.handoff.shards import fixed_size_lists, write_shard
+from flow.handoff.shards import codec, fixed_size_lists, write_shard
 from flow.storage import Location, location
 
 __all__ = ["Channel", "ConsumerPosition", "list_channels"]
@@ -142,6 +142,7 @@ class Channel:
         *,
         num_buckets: int,
         compression: str | None = "lz4",
+        compression_level: int | None = None,
         layout: Mapping[str, Any] | None = None,
         feature_state: str | None = None,
         max_unconsumed_bytes: int | None = None,
@@ -159,11 +160,13 @@ class Channel:
                     f"channel {self.name!r} has {meta.num_buckets} buckets, not {num_buckets}"
                 )
             return meta
+        codec(compression, compression_level)  # a bad codec or level fails before any write
         meta = ChannelMeta(
             name=self.name,
             schema=schema,
             num_buckets=num_buckets,
             compression=compression,
+            compression_level=compression_level,
             layout=dict(layout) if layout else None,
             feature_state=feature_state,
             max_unconsumed_bytes=max_unconsumed_bytes,
@@ -181,7 +184,12 @@ class Channel:
         table = fixed_size_lists(table, sizes).select(meta.schema.names).cast(meta.schema)
         name = f"{bucket:05d}-{task}-{uuid.uuid4().hex[:8]}.arrow"
         info = write_shard(
-            self.folder.child(SHARDS, f"{batch_id:020d}"), name, table, meta.compression, bucket
+            self.folder.child(SHARDS, f"{batch_id:020d}"),
+            name,
+            table,
+            meta.compression,
+            bucket,
+            meta.compression_level,
         )
         return ShardInfo(
             f"{SHARDS}/{batch_id:020d}/{name}", bucket, info.rows, info.bytes, info.checksum

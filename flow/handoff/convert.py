@@ -85,6 +85,7 @@ def convert(
     channel: str = "data",
     num_buckets: int = 16,
     compression: str | None = "lz4",
+    compression_level: int | None = None,
     stack: StackConfig | None = None,
 ) -> Conversion:
     """Write a Spark DataFrame to the handoff (a fresh folder under $FLOW_HANDOFF by default)."""
@@ -92,6 +93,13 @@ def convert(
     owned = location is None
     where = location or f"{stack.handoff.rstrip('/')}/_converted/{uuid.uuid4().hex[:12]}"
     facts = load_engine("spark").export_dataframe(
-        frame, where, channel, {"num_buckets": num_buckets, "compression": compression}
+        frame,
+        where,
+        channel,
+        {
+            "num_buckets": num_buckets,
+            "compression": compression,
+            "compression_level": compression_level,
+        },
     )
     return Conversion(where, channel, int(facts["rows"]), owned)

@@ -111,6 +111,8 @@ class ChannelMeta:
     schema: pa.Schema
     num_buckets: int
     compression: str | None = "lz4"
+    compression_level: int | None = None
+    """The codec's level; None: the handoff's default (LZ4 at acceleration 2, ZSTD at 1)."""
     layout: dict[str, Any] | None = None
     """The feature layout (flow.pipeline.Layout.to_dict()): how a trainer sizes its model."""
     feature_state: str | None = None

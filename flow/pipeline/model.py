@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from flow.errors import ConfigError
+from flow.errors import ConfigError, HandoffError
+from flow.handoff.shards import codec
 from flow.pipeline.features import (
     Bucketized,
     FeatureSpec,
@@ -122,6 +123,9 @@ class HandoffOutput:
     num_buckets: int = 64
     """Buckets rows are hashed into; a trainer's world size must divide it."""
     compression: Literal["lz4", "zstd"] | None = "lz4"
+    compression_level: int | None = None
+    """None: LZ4 at acceleration 2. Lower is faster to write and read, and bigger: LZ4 -8 is
+    ~40 % less CPU to write and ~25 % less to read for ~18 % more bytes (docs/handoff.md)."""
     shuffle_key: str | None = None
     """Hash this passthrough column into buckets (rows with one key stay together); default: a
     random value, which spreads rows evenly."""
@@ -134,6 +138,10 @@ class HandoffOutput:
             raise ConfigError(f"HandoffOutput.num_buckets={self.num_buckets}: use 1..65536")
         if self.max_rows_per_shard < 1:
             raise ConfigError("HandoffOutput.max_rows_per_shard must be at least 1")
+        try:
+            codec(self.compression, self.compression_level)
+        except HandoffError as exc:
+            raise ConfigError(f"HandoffOutput: {exc}") from exc
 
 
 @dataclass(frozen=True)

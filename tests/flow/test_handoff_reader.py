@@ -13,8 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flow.errors import ChannelNotFoundError, ConfigError, SchemaMismatchError, ShardCorruptError
+from flow.errors import (
+    ChannelNotFoundError,
+    ConfigError,
+    HandoffError,
+    SchemaMismatchError,
+    ShardCorruptError,
+)
 from flow.handoff import Channel, ChannelReader, MixedReader, ReadOptions, World
+from flow.handoff.shards import codec
 from tests.support import NUMBERED, Writer, read_ids
 
 
@@ -129,6 +136,35 @@ def test_a_corrupted_or_truncated_shard_is_reported_with_its_path(tmp_path: Path
     shard.write_bytes(bytes(data[:100]))
     with pytest.raises(ShardCorruptError, match=rf"{shard.name}.*truncated"):
         read_ids(ChannelReader(str(tmp_path), "c", options=ReadOptions(batch_size=10)))
+
+
+@pytest.mark.parametrize(("compression", "level"), [("lz4", -8), ("lz4", 9), ("zstd", -5)])
+def test_a_channel_writes_every_shard_with_its_codec_and_level(
+    tmp_path: Path, compression: str, level: int
+) -> None:
+    w = Writer(tmp_path, "c", compression=compression, level=level)
+    written = w.commit([300, 120, 77])
+    meta = Channel(str(tmp_path), "c").meta()
+    assert (meta.compression, meta.compression_level) == (compression, level)
+    made = codec(compression, level)  # what write_shard uses
+    assert made is not None
+    assert made.compression_level == level
+    ids = read_ids(ChannelReader(str(tmp_path), "c", options=ReadOptions(batch_size=50)))
+    assert sorted(i for b in ids for i in b) == written
+
+
+def test_a_bad_codec_level_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    channel = Channel(str(tmp_path), "c")
+    with pytest.raises(HandoffError, match=r"compression_level=13 is out of range for lz4: use"):
+        channel.create(NUMBERED, num_buckets=2, compression="lz4", compression_level=13)
+    with pytest.raises(HandoffError, match=r"compression_level=3 needs a compression"):
+        channel.create(NUMBERED, num_buckets=2, compression=None, compression_level=3)
+    assert not channel.exists()
+    defaults = {"lz4": -1, "zstd": pa.Codec.default_compression_level("zstd")}
+    for name, level in defaults.items():
+        made = codec(name)
+        assert made is not None
+        assert made.compression_level == level
 
 
 def test_wrong_schema_and_missing_channels_fail_before_the_first_batch(tmp_path: Path) -> None:

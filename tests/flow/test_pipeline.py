@@ -16,6 +16,7 @@ from flow.pipeline import (
     Enrich,
     FeatureSpec,
     Field,
+    HandoffOutput,
     Hashed,
     IcebergSource,
     KafkaSource,
@@ -126,6 +127,12 @@ def test_mistakes_in_a_stage_name_what_is_wrong_and_what_exists(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         build()
+
+
+def test_a_handoff_output_with_a_bad_codec_level_is_refused() -> None:
+    assert HandoffOutput(compression="zstd", compression_level=9).compression_level == 9
+    with pytest.raises(ConfigError, match=r"HandoffOutput: compression_level=40 is out of range"):
+        HandoffOutput(compression_level=40)
 
 
 def test_stage_kinds_match_their_sources() -> None:

@@ -145,8 +145,10 @@ def test_a_dataframe_converts_to_a_torch_dataloader(spark: SparkSession, tmp_pat
     from flow.handoff.convert import convert
 
     frame = rows(spark, 0, 5000)
-    with convert(frame, location=str(tmp_path / "converted"), num_buckets=4) as data:
+    where = str(tmp_path / "converted")
+    with convert(frame, location=where, num_buckets=4, compression_level=-8) as data:
         assert data.rows == 5000
+        assert Channel(where, "data").meta().compression_level == -8
         loader = data.dataloader(batch_size=256, columns=["id", "dense", "label"])
         ids = [int(i) for batch in loader for i in batch["id"]]
         assert sorted(ids) == list(range(5000))
