@@ -89,7 +89,12 @@ def criteo_rows(n: int, seed: int) -> pa.Table:
 
 
 def write_channel(
-    root: Path, name: str, chunks: Iterable[pa.Table], seed: int, layout: Layout | None = None
+    root: Path,
+    name: str,
+    chunks: Iterable[pa.Table],
+    seed: int,
+    layout: Layout | None = None,
+    level: int | None = None,
 ) -> Channel:
     """One commit per chunk, one shard per bucket, rows bucketed and permuted as Spark does."""
     channel = Channel(str(root), name)
@@ -97,6 +102,7 @@ def write_channel(
         SCHEMA,
         num_buckets=BUCKETS,
         compression="lz4",
+        compression_level=level,
         layout=layout.to_dict() if layout else None,
     )
     rng = np.random.default_rng(seed)
@@ -306,7 +312,9 @@ def bench_memory(root: Path, chunks: list[pa.Table]) -> dict[str, Any]:
 # -- Spark: shards against Parquet -------------------------------------------------------------
 
 
-def bench_spark_write(folder: Path, rows: int, repeat: int) -> dict[str, Any]:
+def bench_spark_write(
+    folder: Path, rows: int, repeat: int, level: int | None = None
+) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from spark_jobs.handoff import ExportOptions, export
@@ -328,7 +336,11 @@ def bench_spark_write(folder: Path, rows: int, repeat: int) -> dict[str, Any]:
         .cache()
     )
     df.count()
-    options = ExportOptions(num_buckets=BUCKETS, fixed_sizes={"dense": DENSE, "sparse": SPARSE})
+    options = ExportOptions(
+        num_buckets=BUCKETS,
+        compression_level=level,
+        fixed_sizes={"dense": DENSE, "sparse": SPARSE},
+    )
     tasks = min(BUCKETS, 2 * cores)
 
     def handoff() -> None:
@@ -494,6 +506,11 @@ def main() -> None:
     parser.add_argument("--spark-rows", type=int, default=1_000_000)
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument("--skip-spark", action="store_true")
+    parser.add_argument(
+        "--compression-level",
+        type=int,
+        help="the channels' LZ4 level (default: the handoff's, -1); e.g. -8 for speed over bytes",
+    )
     args = parser.parse_args()
     # As in the baselines' processes: one torch thread (the loaders' work is not torch's).
     torch.set_num_threads(1)
@@ -502,11 +519,15 @@ def main() -> None:
     stack = StackConfig.from_env()
     work = stack.home / "bench" / "handoff-data"
     shutil.rmtree(work, ignore_errors=True)
-    results: dict[str, Any] = {"when": datetime.now(UTC).isoformat(), "rows": args.rows}
+    results: dict[str, Any] = {
+        "when": datetime.now(UTC).isoformat(),
+        "rows": args.rows,
+        "compression_level": args.compression_level,
+    }
     out.print(f"writing {args.rows:,} Criteo-shaped rows as a channel and as Parquet ...")
     per = args.rows // 4
     chunks = [criteo_rows(per, seed=i) for i in range(4)]
-    write_channel(work, "criteo", chunks, seed=0)
+    write_channel(work, "criteo", chunks, seed=0, level=args.compression_level)
     write_parquet(work / "parquet", chunks)
     out.print("readers:")
     results["readers"] = bench_readers(work, work / "parquet", args.repeat, not args.skip_baselines)
@@ -517,7 +538,9 @@ def main() -> None:
     results["memory"] = bench_memory(work, chunks)
     if not args.skip_spark:
         out.print(f"spark write: {args.spark_rows:,} rows ...")
-        results["spark_write"] = bench_spark_write(work / "spark", args.spark_rows, args.repeat)
+        results["spark_write"] = bench_spark_write(
+            work / "spark", args.spark_rows, args.repeat, args.compression_level
+        )
     folder = stack.home / "bench"
     stamp = f"{datetime.now(UTC):%Y%m%dT%H%M%S}"
     (folder / f"handoff-{stamp}.json").write_text(json.dumps(results, indent=2))
