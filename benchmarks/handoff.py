@@ -18,7 +18,8 @@ turned into torch tensors as a trainer gets them (``dense`` [B, 13], ``sparse`` 
 * memory: peak Arrow memory and RSS of a reader over the whole channel and over a quarter of it,
   each in a fresh process: bounded by the window and prefetch, not by the data.
 * spark write: Spark exporting a cached DataFrame to a channel against Spark writing the same
-  DataFrame as Parquet, plainly and after the same repartition.
+  DataFrame as Parquet, plainly and after the same repartition; ``--spark-rounds`` rounds of
+  the three, in alternating order, and each ratio the median of the rounds' own ratios.
 
 Results print, and go with a bar chart to $FLOW_HOME/bench/handoff-<time>.{json,png}.
 """
@@ -313,7 +314,7 @@ def bench_memory(root: Path, chunks: list[pa.Table]) -> dict[str, Any]:
 
 
 def bench_spark_write(
-    folder: Path, rows: int, repeat: int, level: int | None = None
+    folder: Path, rows: int, rounds: int, level: int | None = None
 ) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
@@ -369,21 +370,32 @@ def bench_spark_write(
     for write in writers.values():  # warm-up: JIT, codegen, the first shuffle
         write()
     seconds: dict[str, list[float]] = {k: [] for k in writers}
-    for _ in range(repeat):
-        for key, write in writers.items():
+    order = list(writers.items())
+    for r in range(rounds):
+        # Alternate the order, so no writer always runs after the same one.
+        for key, write in order if r % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             write()
             seconds[key].append(time.perf_counter() - start)
     rates = {k: rows / statistics.median(v) for k, v in seconds.items()}
     df.unpersist()
+
+    def paired(other: str) -> float:
+        """Median over rounds of each round's own ratio: drift between rounds cancels."""
+        return statistics.median(
+            o / h for o, h in zip(seconds[other], seconds["handoff"], strict=True)
+        )
+
     return {
         "rows": rows,
         "cores": cores,
-        "python_task_s": python_task_cost(spark, repeat),
+        "rounds": rounds,
+        "python_task_s": python_task_cost(spark, rounds),
         "python_daemon": spark.conf.get("spark.python.daemon.module", "pyspark.daemon"),
         "rows_per_s": rates,
-        "ratio_vs_parquet": rates["handoff"] / rates["parquet"],
-        "ratio_vs_parquet_repartitioned": rates["handoff"] / rates["parquet_repartitioned"],
+        "seconds": seconds,
+        "ratio_vs_parquet": paired("parquet"),
+        "ratio_vs_parquet_repartitioned": paired("parquet_repartitioned"),
     }
 
 
@@ -488,7 +500,8 @@ def show(results: dict[str, Any]) -> None:
             "spark write rows/s            "
             + ", ".join(f"{k} {v:,.0f}" for k, v in s["rows_per_s"].items())
             + f" -> ratio {s['ratio_vs_parquet']:.2f} vs Parquet, "
-            f"{s['ratio_vs_parquet_repartitioned']:.2f} vs Parquet after the same repartition"
+            f"{s['ratio_vs_parquet_repartitioned']:.2f} vs Parquet after the same repartition "
+            f"(medians of {s['rounds']} rounds' own ratios)"
         )
         out.print(
             f"python task fixed cost        {s['python_task_s'] * 1e3:.0f} ms a task "
@@ -506,6 +519,9 @@ def main() -> None:
     parser.add_argument("--spark-rows", type=int, default=1_000_000)
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument("--skip-spark", action="store_true")
+    parser.add_argument(
+        "--spark-rounds", type=int, default=5, help="rounds of the three Spark writes"
+    )
     parser.add_argument(
         "--compression-level",
         type=int,
@@ -539,7 +555,7 @@ def main() -> None:
     if not args.skip_spark:
         out.print(f"spark write: {args.spark_rows:,} rows ...")
         results["spark_write"] = bench_spark_write(
-            work / "spark", args.spark_rows, args.repeat, args.compression_level
+            work / "spark", args.spark_rows, args.spark_rounds, args.compression_level
         )
     folder = stack.home / "bench"
     stamp = f"{datetime.now(UTC):%Y%m%dT%H%M%S}"
