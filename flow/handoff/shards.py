@@ -23,7 +23,7 @@ def codec(compression: str | None, level: int | None = None) -> pa.Codec | None:
     """The codec shards are written with; a bad name or level names what to use instead.
 
     LZ4 levels below 0 are accelerations (-8: ~40 % less CPU to write and ~25 % less to read
-    than the default -1, for ~18 % more bytes on Criteo-shaped rows); 1-2 are LZ4's default
+    than the default -1, for ~18 % more bytes on Criteo-shaped rows); 0-2 are LZ4's default
     and 3-12 its much slower high-compression mode. ZSTD's negative levels are its fast ones.
     """
     if compression not in COMPRESSIONS:
