@@ -26,6 +26,19 @@ _START_TIMEOUT_S = 90.0
 _ROTATE_LOG_BYTES = 50 * 1024 * 1024
 
 
+def new_cluster_id() -> str:
+    """A random Kafka cluster id: a UUID, base64url-encoded without padding.
+
+    An id that starts with "-" is drawn again, as Kafka's own ``Uuid.randomUuid`` does: the
+    storage tool's argument parser reads such a value as an option and refuses to format (one
+    first start in 64 failed that way).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class KafkaService:
     """``flow services`` for the broker."""
 
@@ -170,8 +183,7 @@ class KafkaService:
                     "FLOW_KAFKA_CONTROLLER_PORT back, or delete that folder to start empty"
                 )
             return
-        # A Kafka cluster id is a UUID, base64url-encoded without padding.
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         progress("kafka: formatting broker storage (first start)")
         done = subprocess.run(
             [
@@ -181,8 +193,8 @@ class KafkaService:
                 classpath,
                 "kafka.tools.StorageTool",
                 "format",
-                "--cluster-id",
-                cluster_id,
+                # "=" binds the value even if it ever started with "-".
+                f"--cluster-id={cluster_id}",
                 "--config",
                 str(self.dir / "server.properties"),
                 "--standalone",

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import random
 import signal
 import socket
+import uuid
 from pathlib import Path
+from unittest import mock
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flow import services
 from flow.config import StackConfig
 from flow.errors import JavaNotFoundError, PortInUseError, ServiceStartError
+from flow.services import kafka
 from flow.services.process import ProcessRecord, alive
 from tests.support import run_flow, stack_env_for
 
@@ -99,6 +106,34 @@ def test_a_broker_that_dies_at_start_reports_the_end_of_its_log(tmp_path: Path) 
     assert "heap" in message.lower()  # the JVM's own words, from the log's last lines
     record = ProcessRecord.load(stack.services_dir / "kafka" / "process.json")
     assert record is None or not alive(record)
+
+
+@pytest.mark.integration
+def test_a_cluster_id_that_starts_with_a_dash_still_formats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One first start in 64 draws such an id; the storage tool once read it as an option.
+    monkeypatch.setattr(kafka, "new_cluster_id", lambda: "-Ab3kPp0TNmZ1x2YhQ7uWg")
+    stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
+    try:
+        (status,) = services.up(stack, ("kafka",))
+        assert status.state == "running"
+    finally:
+        services.down(stack)
+    meta = (stack.services_dir / "kafka" / "data" / "meta.properties").read_text()
+    assert "cluster.id=-Ab3kPp0TNmZ1x2YhQ7uWg" in meta.splitlines()
+
+
+@settings(max_examples=300)
+@given(st.randoms(use_true_random=False))
+def test_new_cluster_ids_are_kafka_uuids_that_no_parser_takes_for_an_option(
+    rng: random.Random,
+) -> None:
+    draw = lambda: uuid.UUID(int=rng.getrandbits(128))  # noqa: E731
+    with mock.patch.object(uuid, "uuid4", side_effect=draw):
+        cluster_id = kafka.new_cluster_id()
+    assert not cluster_id.startswith("-")
+    assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
 
 
 def test_a_taken_port_names_the_setting_to_change(tmp_path: Path) -> None:
