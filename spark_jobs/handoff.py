@@ -26,6 +26,7 @@ from flow.errors import HandoffError
 from flow.handoff import Channel, Commit, ShardInfo
 from flow.handoff.format import schema_fingerprint
 from flow.handoff.shards import fixed_size_lists
+from spark_jobs.arrow_batches import sized_batches
 
 __all__ = ["ExportOptions", "arrow_schema", "export"]
 
@@ -288,7 +289,8 @@ def export(
         .drop(_TASK)
     )
     writer_task = _task_writer(channel.root.uri, channel.name, batch_id, options)
-    rows = shuffled.mapInArrow(writer_task, _SHARDS).collect()
+    with sized_batches(spark, shuffled.schema, sizes):
+        rows = shuffled.mapInArrow(writer_task, _SHARDS).collect()
     shards = tuple(
         ShardInfo(r["path"], r["bucket"], r["rows"], r["bytes"], r["checksum"])
         for r in sorted(rows, key=lambda r: (r["bucket"], r["path"]))
