@@ -100,6 +100,12 @@ def session_conf(stack: StackConfig, *, local: bool) -> dict[str, str]:
                 # partitions, 3.4k vs 2.0k rows/s at 20k rows per batch on 2 cores).
                 "spark.sql.shuffle.partitions": str(max(2, cores)),
                 "spark.databricks.delta.snapshotPartitions": str(max(2, cores)),
+                # On one machine shuffle blocks never cross a network, and CPU is what runs
+                # out: LZ4 on them was 30-45 % of the handoff export's JVM task time
+                # (async-profiler), and the export ran 8-13 % faster without it (Spark-write
+                # runs in docs/benchmarks.md). Spills stay compressed. Set it back with
+                # --conf spark.shuffle.compress=true where local disk is the tighter limit.
+                "spark.shuffle.compress": "false",
             }
         )
         if _workers_run_this_python():

@@ -43,6 +43,8 @@ def test_local_sessions_bind_to_loopback_and_clusters_are_left_alone(tmp_path: P
     assert local["spark.driver.bindAddress"] == "127.0.0.1"
     assert "spark.driver.bindAddress" not in cluster
     assert "spark.sql.shuffle.partitions" not in cluster
+    assert local["spark.shuffle.compress"] == "false"
+    assert "spark.shuffle.compress" not in cluster  # blocks cross the network there
     assert "spark.python.daemon.module" not in cluster  # executors may lack this package
     for conf in (local, cluster):
         assert "IcebergSparkSessionExtensions" in conf["spark.sql.extensions"]
