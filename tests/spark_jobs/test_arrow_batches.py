@@ -52,7 +52,8 @@ def _arrow_column(
     if pa.types.is_boolean(arrow):
         return pa.array(raw % 2 == 0, mask=mask)
     if pa.types.is_timestamp(arrow) or pa.types.is_date(arrow):
-        return pa.array(raw, pa.int64() if pa.types.is_timestamp(arrow) else pa.int32()).cast(arrow)
+        raw_type = pa.int64() if pa.types.is_timestamp(arrow) else pa.int32()
+        return pa.array(raw, raw_type, mask=mask).cast(arrow)
     return pa.array(raw, mask=mask).cast(arrow)
 
 
