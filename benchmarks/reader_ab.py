@@ -2,6 +2,7 @@
 
     flow bench reader_ab --variant base='{}' --variant noverify='{"verify": false}'
     flow bench reader_ab --variant a='{"root": "/tmp/chan-a"}' --variant b='{"root": "/tmp/chan-b"}'
+    flow bench reader_ab --commits 40 --variant p8='{}' --variant p16='{"prefetch": 16}'
 
 On a shared 2-core machine whose speed drifts by up to 2x over minutes, a difference under
 ~15 % between two runs of ``flow bench handoff`` (or two processes run one after the other)
@@ -88,6 +89,12 @@ def main() -> None:
     parser.add_argument("--unshuffled", action="store_true", help="read in order by default")
     parser.add_argument("--data", type=Path, help="a folder holding a channel named 'criteo'")
     parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument(
+        "--commits",
+        type=int,
+        default=4,
+        help="commits the rows are written in (40: 50k-row micro-batches, as streaming writes)",
+    )
     args = parser.parse_args()
     if len(args.variant) < 2:
         parser.error("give at least two --variant, the first being the reference")
@@ -95,10 +102,11 @@ def main() -> None:
     root = args.data
     if root is None:
         root = StackConfig.from_env().home / "bench" / "reader-ab"
-        out.print(f"writing {args.rows:,} Criteo-shaped rows to {root} ...")
+        out.print(f"writing {args.rows:,} Criteo-shaped rows in {args.commits} commits to {root}")
         shutil.rmtree(root, ignore_errors=True)
-        per = args.rows // 4
-        write_channel(root, "criteo", [criteo_rows(per, seed=i) for i in range(4)], seed=0)
+        per = args.rows // args.commits
+        chunks = (criteo_rows(per, seed=i) for i in range(args.commits))
+        write_channel(root, "criteo", chunks, seed=0)
     results = compare(args.variant, root, args.rounds, not args.unshuffled)
     first = args.variant[0][0]
     for name, r in results.items():
