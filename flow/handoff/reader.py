@@ -66,9 +66,9 @@ class ReadOptions:
     consumer_group: str | None = None
     """Record this rank's position under this name, for retention and backpressure."""
     record_every: float = 5.0
-    prefetch: int = 8
-    """Shards opened (and decompressed) ahead of use by background threads; 0: none. Memory
-    grows by up to this many decoded shards."""
+    prefetch: int = 2
+    """Windows' worth of rows whose shards are opened (read, checked, decompressed) ahead of use
+    by two background threads; 0: none. Memory grows by up to this many windows of rows."""
     after_commit: int = -1
     """Read only the commits after this batch id (e.g. what arrived since the last training)."""
     buckets: frozenset[int] | None = None
@@ -137,27 +137,30 @@ def _one_batch(table: pa.Table) -> pa.RecordBatch:
 class _Materializer:
     """Turns windows into record batches; keeps only the shards still needed open.
 
-    Shards are opened in the order the plan will use them, up to ``prefetch`` ahead, by two
+    Shards are opened in the order the plan will use them, ``ahead_rows`` of them ahead, by two
     background threads: pyarrow releases the GIL while it reads and decompresses, so decoding
     the next shards overlaps gathering the current window. (One thread left the gather waiting
     for shards: two read ~20 % faster on two cores, measured with ``flow bench handoff``.)
+    The bound is in rows, not shards: a window of streaming micro-batches' small shards draws on
+    dozens of them, and a bound of 8 shards left the gather waiting for most of each window's.
     """
 
     def __init__(
-        self, channel: Channel, verify: bool, stats: ReadStats, prefetch: int, map_files: bool
+        self, channel: Channel, verify: bool, stats: ReadStats, ahead_rows: int, map_files: bool
     ) -> None:
         self.channel = channel
         self.verify = verify
         self.map_files = map_files
         self.stats = stats
-        self.prefetch = prefetch
+        self.ahead_rows = ahead_rows
         self.commits: dict[int, Commit] = {}
         self._open: dict[tuple[int, int], pa.Table] = {}
         self._remaining: dict[tuple[int, int], int] = {}
         self._coming: deque[tuple[int, int]] = deque()
         self._loading: dict[tuple[int, int], Future[pa.Table]] = {}
+        self._loading_rows = 0
         self._pool = (
-            ThreadPoolExecutor(2, thread_name_prefix="handoff-prefetch") if prefetch else None
+            ThreadPoolExecutor(2, thread_name_prefix="handoff-prefetch") if ahead_rows else None
         )
         self.carry: pa.Table | None = None
         self.carry_refs = _NO_REFS
@@ -189,17 +192,23 @@ class _Materializer:
     def _fill(self) -> None:
         if self._pool is None:
             return
-        # Open shards (a window's stripe) are not counted: only those decoded ahead of use.
-        while self._coming and len(self._loading) < self.prefetch:
+        # Open shards (the current window's) are not counted: only those decoded ahead of use.
+        while self._coming and (not self._loading or self._loading_rows < self.ahead_rows):
             key = self._coming.popleft()
             if key not in self._open and key not in self._loading and key in self._remaining:
                 self._loading[key] = self._pool.submit(self._load, key)
+                self._loading_rows += self._rows(key)
+
+    def _rows(self, key: tuple[int, int]) -> int:
+        return self.commits[key[0]].shards[key[1]].rows
 
     def _shard(self, commit: int, index: int) -> pa.Table:
         key = (commit, index)
         table = self._open.get(key)
         if table is None:
             future = self._loading.pop(key, None)
+            if future is not None:
+                self._loading_rows -= self._rows(key)
             table = future.result() if future is not None else self._load(key)
             self._open[key] = table
             self.stats.shards_opened += 1
@@ -217,6 +226,10 @@ class _Materializer:
         if self._remaining[key] <= 0:
             self._open.pop(key, None)
             self._remaining.pop(key, None)
+            future = self._loading.pop(key, None)
+            if future is not None:  # skipped (read before a resumed cursor) on its way in
+                future.cancel()
+                self._loading_rows -= self._rows(key)
             self._fill()
 
     def restore_carry(self, refs: np.ndarray) -> None:
@@ -432,7 +445,11 @@ class ChannelReader:
         planner.restore(mark.counters)
         before = list(mark.before or [0] * world.world_size)
         materializer = _Materializer(
-            self.channel, options.verify, self.stats, options.prefetch, self._uncompressed
+            self.channel,
+            options.verify,
+            self.stats,
+            options.prefetch * options.window,
+            self._uncompressed,
         )
         resume_window: int | None = mark.window
         self._record(mark.after, force=True)

@@ -156,6 +156,31 @@ def test_the_next_commits_shards_are_decoded_while_this_ones_batches_are_read(
     assert sorted(first.column("id").to_pylist() + rest) == list(range(1024))
 
 
+def test_prefetch_is_bounded_in_windows_of_rows_not_in_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window of small shards (streaming micro-batches) has the next window's shards coming."""
+    w = Writer(tmp_path, "c", buckets=64)
+    w.commit([8] * 64)  # four windows of 16 shards
+    opened: set[int] = set()
+    two_windows = threading.Event()
+    real = shards_module.read_shard
+
+    def spy(channel: Any, info: Any, **kwargs: Any) -> pa.Table:
+        opened.add(info.bucket)
+        if len(opened) >= 32:
+            two_windows.set()
+        return real(channel, info, **kwargs)
+
+    monkeypatch.setattr(reader_module, "read_shard", spy)
+    options = ReadOptions(batch_size=32, window_rows=128, shuffle=False, prefetch=1)
+    batches = iter(ChannelReader(str(tmp_path), "c", options=options))
+    next(batches)
+    assert two_windows.wait(timeout=60), f"only {len(opened)} shards opened, not 2 windows'"
+    assert len(opened) <= 33  # this window's 16, the next one's, and one shard over at most
+    assert sum(b.num_rows for b in batches) == 512 - 32
+
+
 @pytest.mark.parametrize("compression", [None, "lz4"])  # mapped in place / read and decoded
 def test_a_corrupted_or_truncated_shard_is_reported_with_its_path(
     tmp_path: Path, compression: str | None
