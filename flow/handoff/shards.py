@@ -55,7 +55,9 @@ def fixed_size_lists(table: pa.Table, sizes: dict[str, int]) -> pa.Table:
     for name, size in sizes.items():
         if name not in table.column_names:
             continue
-        column = table.column(name).combine_chunks()
+        chunks = table.column(name)
+        # One chunk (a Spark batch) is used as it is: combine_chunks() would copy it.
+        column = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()
         if pa.types.is_fixed_size_list(column.type):
             continue
         if column.null_count:
