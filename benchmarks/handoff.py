@@ -49,7 +49,6 @@ import torch
 from flow.config import StackConfig
 from flow.console import console
 from flow.handoff import Channel, ChannelReader, Commit, ReadOptions
-from flow.handoff.shards import read_shard
 from flow.pipeline.state import Layout
 from trainers.data import to_tensors
 
@@ -176,10 +175,16 @@ def handoff_reader(root: Path, name: str, shuffle: bool, **extra: Any) -> Channe
 
 
 def raw_pyarrow(channel: Channel) -> Iterator[pa.RecordBatch]:
-    """The shards in commit order, sliced into batches: no shuffle, no checksum, no balance."""
+    """The shards in commit order, sliced into batches: no shuffle, no checksum, no balance.
+
+    pyarrow's defaults, independent of the handoff's ``read_shard``: each file memory-mapped and
+    decoded on Arrow's thread pool. (For one thread reading in order, 8 alternating passes gave
+    8.9M rows/s this way and 8.8M reading each file and decoding without the pool.)
+    """
     for batch_id in channel.commit_ids():
         for shard in channel.commit(batch_id).shards:
-            table = read_shard(channel.folder, shard, verify=False)
+            with pa.memory_map(f"{channel.folder.path}/{shard.path}") as source:
+                table = pa.ipc.open_file(source).read_all()
             yield from table.to_batches(max_chunksize=BATCH)
 
 
