@@ -45,6 +45,8 @@ def test_local_sessions_bind_to_loopback_and_clusters_are_left_alone(tmp_path: P
     assert "spark.sql.shuffle.partitions" not in cluster
     assert local["spark.shuffle.compress"] == "false"
     assert "spark.shuffle.compress" not in cluster  # blocks cross the network there
+    assert local["spark.shuffle.sort.bypassMergeThreshold"] == "0"
+    assert "spark.shuffle.sort.bypassMergeThreshold" not in cluster
     assert "spark.python.daemon.module" not in cluster  # executors may lack this package
     for conf in (local, cluster):
         assert "IcebergSparkSessionExtensions" in conf["spark.sql.extensions"]
