@@ -41,6 +41,7 @@ from pipelines.ctr_streaming import ctr_streaming
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import fit_state, training_rows
 from spark_jobs.live import run_live
+from spark_jobs.rows import channel_for
 from spark_jobs.session import get_session
 
 NAMESPACE = "bench"
@@ -203,8 +204,12 @@ def bench_live(
     pipeline = ctr_streaming(NAMESPACE, max_records_per_batch=per_batch)
     stage = pipeline.stage("live")
     assert isinstance(stage, LiveStage)
-    # A fresh backlog: new topics and no checkpoint, so every run measures the same work.
+    # A fresh backlog: new topics and no checkpoint, so every run measures the same work; and
+    # no channel, since a new checkpoint is a new writer, which the last run's channel refuses.
     shutil.rmtree(stack.checkpoints / NAMESPACE / pipeline.name, ignore_errors=True)
+    channel = channel_for(stack, pipeline, stage.channel)
+    if channel.folder.exists():
+        channel.folder.fs.delete_dir(channel.folder.path)
     delete_topics(stack.kafka, topics(NAMESPACE).values())
     sent = produce_stream(
         stack,
