@@ -486,7 +486,7 @@ class ChannelReader:
             return spans
 
         after = mark.after
-        ahead: dict[int, list[Span]] = {}  # the next commit's spans, planned one commit early
+        ahead: dict[int, tuple[Commit, list[Span]]] = {}  # the next commit, planned early
         try:
             while True:
                 ids = self._next_commits(after)
@@ -499,19 +499,20 @@ class ChannelReader:
                     time.sleep(options.poll_interval)
                     continue
                 for position, batch_id in enumerate(ids):
-                    commit = self.channel.commit(batch_id)
+                    planned = ahead.pop(batch_id, None)
+                    commit = planned[0] if planned else self.channel.commit(batch_id)
                     counters = planner.counters()
                     self._mark = _Mark(
                         after, list(before), counters, counters[0], materializer.carry_refs
                     )
-                    spans = ahead.pop(batch_id) if batch_id in ahead else spans_of(commit, before)
+                    spans = planned[1] if planned else spans_of(commit, before)
                     share = targets(commit.rows, before)
                     before = [b + s for b, s in zip(before, share, strict=True)]
                     if position + 1 < len(ids):
                         # Without this, the next commit's first shards were decoded only once
                         # its first window asked for them: at every commit the gather waited.
                         upcoming = self.channel.commit(ids[position + 1])
-                        ahead[upcoming.batch_id] = spans_of(upcoming, before)
+                        ahead[upcoming.batch_id] = (upcoming, spans_of(upcoming, before))
                     yield from run(planner.add(spans))
                     after = batch_id
                     carried = materializer.carry_refs
