@@ -122,5 +122,7 @@ def sized_batches(
         yield limits
     finally:
         for key, previous in before.items():
-            if previous is not None:
+            if previous is None:
+                spark.conf.unset(key)
+            else:
                 spark.conf.set(key, previous)
