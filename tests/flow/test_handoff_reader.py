@@ -23,7 +23,7 @@ from flow.errors import (
     SchemaMismatchError,
     ShardCorruptError,
 )
-from flow.handoff import Channel, ChannelReader, MixedReader, ReadOptions, World
+from flow.handoff import Channel, ChannelReader, ReadOptions, World
 from flow.handoff.shards import codec
 from tests.support import NUMBERED, Writer, read_ids
 
@@ -273,37 +273,6 @@ def test_retention_deletes_what_every_consumer_read_and_backpressure_waits(tmp_p
     assert waited[0] > 0.2
     assert all(channel.retired(b) for b in channel.commit_ids())
     assert not list((tmp_path / "live" / "shards").rglob("*.arrow"))
-
-
-def test_weights_mix_channels_in_proportion_and_priority_in_order(tmp_path: Path) -> None:
-    a = Writer(tmp_path, "a")
-    a.commit([2000] * 4)
-    b = Writer(tmp_path, "b")
-    b.commit([2000] * 4)
-    options = ReadOptions(batch_size=20, seed=5)
-
-    def readers() -> dict[str, ChannelReader]:
-        return {n: ChannelReader(str(tmp_path), n, options=options) for n in ("a", "b")}
-
-    mix = MixedReader(readers(), weights={"a": 3.0, "b": 1.0}, seed=9)
-    sources = []
-    iterator = iter(mix)
-    for _ in range(400):
-        next(iterator)
-        sources.append(mix.last_channel)
-    share = sources.count("a") / len(sources)
-    assert 0.68 < share < 0.82
-
-    state = mix.state_dict()
-    rest = [mix.last_channel for _ in iterator for _ in [0]]
-    resumed = MixedReader(readers(), weights={"a": 3.0, "b": 1.0}, seed=9)
-    resumed.load_state_dict(state)
-    again = [resumed.last_channel for _ in resumed for _ in [0]]
-    assert again == rest
-
-    ordered = MixedReader(readers(), priority=["b", "a"])
-    channels = [ordered.last_channel for _ in ordered for _ in [0]]
-    assert channels == ["b"] * 400 + ["a"] * 400
 
 
 def test_a_closed_channel_reopens_when_its_producer_writes_again(tmp_path: Path) -> None:
