@@ -207,9 +207,7 @@ def bench_live(
     # A fresh backlog: new topics and no checkpoint, so every run measures the same work; and
     # no channel, since a new checkpoint is a new writer, which the last run's channel refuses.
     shutil.rmtree(stack.checkpoints / NAMESPACE / pipeline.name, ignore_errors=True)
-    channel = channel_for(stack, pipeline, stage.channel)
-    if channel.folder.exists():
-        channel.folder.fs.delete_dir(channel.folder.path)
+    channel_for(stack, pipeline, stage.channel).folder.remove()
     delete_topics(stack.kafka, topics(NAMESPACE).values())
     sent = produce_stream(
         stack,

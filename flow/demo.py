@@ -50,9 +50,7 @@ def _reset(stack: StackConfig, say: Callable[[str], None]) -> None:
     delete_topics(stack.kafka, topics(NAMESPACE).values())
     shutil.rmtree(stack.checkpoints / NAMESPACE, ignore_errors=True)
     for root in (stack.handoff, stack.feature_state):
-        folder = location(root).child(NAMESPACE)
-        if folder.exists():
-            folder.fs.delete_dir(folder.path)
+        location(root).child(NAMESPACE).remove()
     say(f"namespace {NAMESPACE}: topics, checkpoints, channels and feature state reset")
 
 

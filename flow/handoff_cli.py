@@ -251,5 +251,5 @@ def drop(where: str, name: str, yes: bool) -> None:
     channel = _channel(where, name)
     if not yes:
         raise FlowError(f"this deletes {channel.folder} and everything in it; add --yes to do it")
-    channel.folder.fs.delete_dir(channel.folder.path)
+    channel.folder.remove()
     console.print(f"dropped {escape(str(channel.folder))}")

@@ -58,6 +58,11 @@ class Location:
         path = f"{self.path}/{name}" if name else self.path
         return bool(self.fs.get_file_info(path).type != pafs.FileType.NotFound)
 
+    def remove(self) -> None:
+        """Delete this folder and everything in it; nothing happens if it does not exist."""
+        if self.exists():
+            self.fs.delete_dir(self.path)
+
     def list(self, suffix: str = "") -> list[str]:
         """Names of the files in this folder ending with ``suffix``, sorted; [] if none."""
         if not self.exists():

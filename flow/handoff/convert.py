@@ -62,9 +62,7 @@ class Conversion:
 
     def delete(self) -> None:
         if self.owned:
-            where = open_location(self.location)
-            if where.exists():
-                where.fs.delete_dir(where.path)
+            open_location(self.location).remove()
 
     def __enter__(self) -> Conversion:
         return self
