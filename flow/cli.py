@@ -508,17 +508,20 @@ def bench(name: str, argv: tuple[str, ...]) -> None:
             f"{', '.join(found) or 'none (run from the project folder)'}"
         )
     # A benchmark that needs no Kafka or MLflow says so: on two cores, idle services still
-    # take a share of the CPU it measures.
-    stack = _stack_up() if _needs_services(script) else stack_config()
+    # take a share of the CPU it measures. One that needs no Spark runs as plain Python, so
+    # it runs where there is no Java (a bare GPU machine).
+    stack = _stack_up() if _flag(script, "NEEDS_SERVICES") else stack_config()
+    if not _flag(script, "NEEDS_SPARK"):
+        raise SystemExit(subprocess.call([sys.executable, str(script), *argv]))
     raise SystemExit(_launch(["--driver-memory", "4g", str(script), *argv], stack))
 
 
-def _needs_services(script: Path) -> bool:
-    """False when the benchmark sets ``NEEDS_SERVICES = False`` at module level."""
+def _flag(script: Path, name: str) -> bool:
+    """False when the benchmark sets ``NAME = False`` at module level; True otherwise."""
     for node in ast.parse(script.read_text()).body:
         if (
             isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == "NEEDS_SERVICES" for t in node.targets)
+            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
             and isinstance(node.value, ast.Constant)
         ):
             return bool(node.value.value)

@@ -50,6 +50,11 @@ class TrainConfig:
     bf16: bool | None = None
     """Mixed precision (bf16 autocast); default on for CUDA, off on CPU."""
     compile: bool = False
+    shuffle_on: str = "auto"
+    """Where the window shuffle's gather runs: ``host`` (the reader), ``device`` (the GPU, from
+    windows copied in order; the same batches), ``auto``: the device on CUDA, else the host."""
+    reader_threads: int = 2
+    """Threads per rank that read, check and decompress shards ahead of use."""
     log_every: int = 50
     eval_every: int | None = None
     eval_batches: int | None = None
@@ -92,6 +97,10 @@ class TrainConfig:
             raise ConfigError(f"--holdout-share {self.holdout_share}: give a share in [0, 1)")
         if (self.init_from_champion or self.promote_margin is not None) and not self.register_as:
             raise ConfigError("--init-from-champion and --promote-margin need --register-as NAME")
+        if self.shuffle_on not in ("auto", "host", "device"):
+            raise ConfigError(f"--shuffle-on {self.shuffle_on!r}: use auto, host or device")
+        if self.reader_threads < 1:
+            raise ConfigError(f"--reader-threads {self.reader_threads}: give 1 or more")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
 
@@ -124,6 +133,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument(
+        "--shuffle-on",
+        default="auto",
+        choices=["auto", "host", "device"],
+        help="where the shuffle's gather runs (auto: the GPU on CUDA)",
+    )
+    p.add_argument("--reader-threads", type=int, default=2, help="shard-decoding threads")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--eval-every", type=int)
     p.add_argument("--eval-batches", type=int)
@@ -183,6 +199,8 @@ def parse(argv: list[str], stack: StackConfig | None = None) -> TrainConfig:
         device=args.device,
         bf16=args.bf16,
         compile=args.compile,
+        shuffle_on=args.shuffle_on,
+        reader_threads=args.reader_threads,
         log_every=args.log_every,
         eval_every=args.eval_every,
         eval_batches=args.eval_batches,

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from flow.errors import ConfigError
-from flow.handoff import Channel, ChannelReader, ReadOptions, World
+from flow.handoff import Channel, ChannelReader, ReadOptions, WindowSlice, World
 
 __all__ = ["LazyReader"]
 
@@ -61,6 +61,11 @@ class LazyReader:
         if self.reader is None:
             self.reader = self._open()
         yield from self.reader
+
+    def slices(self) -> Iterator[WindowSlice]:
+        if self.reader is None:
+            self.reader = self._open()
+        yield from self.reader.slices()
 
     def state_dict(self) -> dict[str, Any]:
         if self.reader is not None:

@@ -1,32 +1,54 @@
 """Batches from the handoff onto the training device, with their cursors and their waits.
 
-On CUDA the next batch is copied to pinned host memory and sent to the GPU on a side stream
-(``non_blocking``) while the current step runs; the compute stream waits on an event only when
-it takes the batch. On CPU the reader's zero-copy views are used as they are.
+Two ways to shuffle (``shuffle_on``):
 
-Each batch comes with the reader's cursor *after* it (taken before the next batch is pulled,
-even when that pull happens ahead of time), so a checkpoint at any step resumes at the next
-batch, with nothing re-read or skipped. The time spent waiting for data is measured per batch:
-it is what the data-stall fraction divides by the step time.
+* ``host``: the reader gathers each window's rows in permuted order and yields record batches;
+  each batch is copied to the device.
+* ``device``: the reader yields each window once, unpermuted (``ChannelReader.slices()``); its
+  columns are packed contiguously, copied to the device in one transfer, and every batch is
+  gathered there (``index_select`` with the window's permutation). The batches are the same
+  rows in the same order as ``host`` gives, so seeds, every-row-once and cursors are unchanged;
+  the host does sequential copies instead of a random gather (the reader's largest cost).
+
+On CUDA a background thread does the host side ahead of the training loop (read, pin, start
+the copy on a side stream, gather) and hands over batches whose copy is under way; the compute
+stream waits on each batch's event only when it takes the batch. ``ahead`` batches are
+prepared at most. On CPU the work happens when the loop asks (the model already uses every
+core), unless ``ahead`` says otherwise.
+
+Each batch comes with the reader's cursor *after* it, taken right after the reader produced
+it (on whichever thread pulls), so a checkpoint at any step resumes at the next batch, with
+nothing re-read or skipped. Waiting is measured per batch, the loop's wait and, on CUDA, the
+GPU's idle time before the batch (:class:`StallMeter`): the data-stall fraction is the latter
+over the wall time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 import torch
 
-from trainers.data import to_tensors
+from flow.errors import ConfigError
+from flow.handoff import WindowSlice
+from trainers.data import pack_columns, to_tensors
 
-__all__ = ["Batch", "DeviceLoader"]
+__all__ = ["Batch", "DeviceLoader", "ShuffleOn", "StallMeter"]
+
+ShuffleOn = Literal["host", "device"]
 
 
 class Reader(Protocol):
     def __iter__(self) -> Iterator[pa.RecordBatch]: ...
+
+    def slices(self) -> Iterator[WindowSlice]: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -43,6 +65,57 @@ class Batch:
     """Event times of the rows (microseconds since the epoch) when the channel has them."""
     channel: str | None = None
     """The channel the batch came from (mixed readers say which)."""
+    ready: torch.cuda.Event | None = None
+    """Recorded on the copy stream after the batch's tensors were written (CUDA only)."""
+    idle: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+    """CUDA: events on the compute stream when the loop asked for this batch (after the last
+    step's work) and when the batch was ready there; the time between them on the GPU's own
+    clock is how long the GPU sat idle waiting for it (see :class:`StallMeter`)."""
+
+
+class StallMeter:
+    """Seconds training waited for data.
+
+    On CUDA this is the GPU's idle time between a step's last kernel and the next batch being
+    ready on the compute stream, read from event pairs (:attr:`Batch.idle`). The loop's own
+    wait is no measure there: the loop only queues work, and a GPU with steps queued is busy
+    while the loop waits. On CPU, where the loop does the work, it is the loop's wait.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def add(self, batch: Batch) -> None:
+        if batch.idle is None:
+            self.seconds += batch.wait_s
+        else:
+            self._pending.append(batch.idle)
+
+    def total(self) -> float:
+        """The seconds so far (waits for the GPU to reach the last batch added)."""
+        if self._pending:
+            self._pending[-1][1].synchronize()
+            self.seconds += sum(a.elapsed_time(b) for a, b in self._pending) / 1000
+            self._pending = []
+        return self.seconds
+
+
+@dataclass
+class _OnDevice:
+    """The window whose rows are on the device now, and its permutation there."""
+
+    key: tuple[str, int, int]
+    columns: dict[str, torch.Tensor]
+    order: torch.Tensor
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
 
 
 class DeviceLoader:
@@ -55,53 +128,161 @@ class DeviceLoader:
         columns: list[str],
         *,
         event_time: str | None = None,
+        shuffle_on: ShuffleOn = "host",
+        ahead: int | None = None,
     ) -> None:
+        if shuffle_on not in ("host", "device"):
+            raise ConfigError(f"shuffle_on={shuffle_on!r}: use 'host' or 'device'")
         self.reader = reader
         self.device = device
         self.columns = columns
         self.event_time = event_time
+        self.shuffle_on = shuffle_on
         self.cuda = device.type == "cuda"
+        self.ahead = (4 if self.cuda else 0) if ahead is None else ahead
         self._stream = torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
+        self._window: _OnDevice | None = None
 
-    def _pull(self, batches: Iterator[pa.RecordBatch]) -> Batch | None:
-        try:
-            record = next(batches)
-        except StopIteration:
-            return None
-        cursor = self.reader.state_dict()  # after this batch, before any later pull
-        tensors = to_tensors(record, self.columns)
-        times = None
-        if self.event_time is not None and self.event_time in record.schema.names:
-            times = to_tensors(record, [self.event_time])[self.event_time].clone()
-        if self._stream is not None:
-            with torch.cuda.stream(self._stream):
-                tensors = {
-                    k: v.pin_memory().to(self.device, non_blocking=True) for k, v in tensors.items()
-                }
-        return Batch(tensors, cursor, record.num_rows, 0.0, times, self._channel())
+    # -- one batch, host side then device side ----------------------------------------------
 
     def _channel(self) -> str | None:
         mixed = getattr(self.reader, "last_channel", None)
         single = getattr(getattr(self.reader, "channel", None), "name", None)
         return str(mixed or single) if (mixed or single) else None
 
+    def _times(self, item: pa.RecordBatch | WindowSlice) -> torch.Tensor | None:
+        name = self.event_time
+        if name is None:
+            return None
+        if isinstance(item, WindowSlice):
+            if name not in item.window.table.schema.names:
+                return None
+            return to_tensors(pa.record_batch([item.column(name)], [name]))[name].clone()
+        if name not in item.schema.names:
+            return None
+        return to_tensors(item, [name])[name].clone()
+
+    def _prepare(self, item: pa.RecordBatch | WindowSlice) -> Batch:
+        """``item`` as tensors on the device (their copy issued, maybe not finished)."""
+        cursor = self.reader.state_dict()  # after this item, before any later pull
+        batch = Batch({}, cursor, item.num_rows, 0.0, self._times(item), self._channel())
+        if self._stream is None:
+            batch.tensors = self._tensors(item)
+            return batch
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            batch.tensors = self._tensors(item)
+            batch.ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            batch.ready.record(self._stream)
+        return batch
+
+    def _tensors(self, item: pa.RecordBatch | WindowSlice) -> dict[str, torch.Tensor]:
+        if not isinstance(item, WindowSlice):
+            tensors = to_tensors(item, self.columns)
+            if not self.cuda:
+                return tensors  # zero-copy views of the reader's buffers
+            return {
+                k: v.pin_memory().to(self.device, non_blocking=True) for k, v in tensors.items()
+            }
+        window = self._upload(item)
+        positions = window.order[item.start : item.stop]
+        if not item.window.shuffled:
+            return {k: v[item.start : item.stop] for k, v in window.columns.items()}
+        return {k: v.index_select(0, positions) for k, v in window.columns.items()}
+
+    def _upload(self, item: WindowSlice) -> _OnDevice:
+        """The slice's window on the device: packed and copied once, at its first slice."""
+        if self._window is not None and self._window.key == item.window.key:
+            return self._window
+        self._window = None  # free the last window before the next is allocated
+        packed = pack_columns(item.window.table, self.columns, pin=self.cuda)
+        order = torch.from_numpy(item.window.order)
+        if self.cuda:
+            order = order.pin_memory()
+        self._window = _OnDevice(
+            item.window.key,
+            {k: v.to(self.device, non_blocking=True) for k, v in packed.items()},
+            order.to(self.device, non_blocking=True),
+        )
+        return self._window
+
+    def _items(self) -> Iterator[pa.RecordBatch | WindowSlice]:
+        if self.shuffle_on == "device":
+            return self.reader.slices()
+        return iter(self.reader)
+
+    # -- the loop's side ---------------------------------------------------------------------
+
+    def _asked(self) -> torch.cuda.Event | None:
+        """On CUDA, an event after the work the loop has queued so far (the last step)."""
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def _take(self, batch: Batch, asked: torch.cuda.Event | None) -> Batch:
+        """Make the compute stream wait for the batch's copy, and keep its memory until then."""
+        if batch.ready is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_event(batch.ready)
+            for value in batch.tensors.values():
+                value.record_stream(compute)
+            if asked is not None:
+                ready = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                ready.record(compute)
+                batch.idle = (asked, ready)
+        return batch
+
     def __iter__(self) -> Iterator[Batch]:
         """Wait time: from the loop asking for a batch to getting it (the loop's stall)."""
-        batches = iter(self.reader)
-        asked = time.perf_counter()
-        ahead = self._pull(batches)
-        while ahead is not None:
-            current = ahead
-            if self._stream is not None:
-                # Take this batch on the compute stream, then start copying the next one: the
-                # copy runs beside the step that uses this batch.
-                compute = torch.cuda.current_stream(self.device)
-                compute.wait_stream(self._stream)
-                for value in current.tensors.values():
-                    value.record_stream(compute)
-                ahead = self._pull(batches)
-            current.wait_s = time.perf_counter() - asked
-            yield current
-            asked = time.perf_counter()
-            if self._stream is None:
-                ahead = self._pull(batches)
+        self._window = None
+        if self.ahead > 0:
+            yield from self._threaded()
+            return
+        items = self._items()
+        asked, event = time.perf_counter(), self._asked()
+        for item in items:
+            batch = self._take(self._prepare(item), event)
+            batch.wait_s = time.perf_counter() - asked
+            yield batch
+            asked, event = time.perf_counter(), self._asked()
+
+    def _threaded(self) -> Iterator[Batch]:
+        ready: queue.Queue[Any] = queue.Queue(maxsize=self.ahead)
+        stop = threading.Event()
+        worker = threading.Thread(
+            target=self._produce, args=(ready, stop), name="handoff-loader", daemon=True
+        )
+        worker.start()
+        try:
+            while True:
+                asked, event = time.perf_counter(), self._asked()
+                got = ready.get()
+                if got is _END:
+                    return
+                if isinstance(got, _Failed):
+                    raise got.error
+                batch = self._take(got, event)
+                batch.wait_s = time.perf_counter() - asked
+                yield batch
+        finally:
+            stop.set()
+            while worker.is_alive():  # unblock a producer waiting for room, then let it end
+                with contextlib.suppress(queue.Empty):
+                    ready.get(timeout=0.05)
+            worker.join()
+
+    def _produce(self, ready: queue.Queue[Any], stop: threading.Event) -> None:
+        items = self._items()
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                ready.put(self._prepare(item))
+            ready.put(_END)
+        except BaseException as error:  # handed to the loop, which raises it
+            ready.put(_Failed(error))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # the reader's generator releases its shards and threads now

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args, overload
 
 import torch
@@ -59,6 +59,8 @@ class OptimConfig:
     """Learning rate of the embedding tables; None uses ``lr``."""
     weight_decay: float = 0.0
     """L2 penalty added to the gradients of both groups (torch's ``weight_decay``)."""
+    embedding_weight_decay: float | None = None
+    """The embedding tables' own L2 penalty; None uses ``weight_decay``."""
     cowclip: bool = False
     """Clip embedding gradients with CowClip (see :class:`CowClip`)."""
     cowclip_ratio: float = 1.0
@@ -77,10 +79,33 @@ class OptimConfig:
         _positive("lr", self.lr)
         if self.embedding_lr is not None:
             _positive("embedding_lr", self.embedding_lr)
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ConfigError(f"OptimConfig.weight_decay is {self.weight_decay}; give 0 or more")
+        for field in ("weight_decay", "embedding_weight_decay"):
+            value = getattr(self, field)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"OptimConfig.{field} is {value}; give 0 or more")
         _positive("cowclip_ratio", self.cowclip_ratio)
         _positive("cowclip_min", self.cowclip_min)
+
+    def scaled_for(self, factor: float) -> OptimConfig:
+        """This configuration for a batch ``factor`` times larger, by CowClip's scaling rule.
+
+        The embedding learning rate stays, the dense one grows by ``sqrt(factor)``, the
+        embedding L2 penalty by ``factor`` (fewer steps apply it); CowClip is turned on. The
+        rule also warms the dense learning rate up, which is the training loop's to do.
+        """
+        _positive("factor", factor)
+        decay = (
+            self.weight_decay
+            if self.embedding_weight_decay is None
+            else self.embedding_weight_decay
+        )
+        return replace(
+            self,
+            lr=self.lr * math.sqrt(factor),
+            embedding_lr=self.embedding_lr or self.lr,
+            embedding_weight_decay=decay * factor,
+            cowclip=True,
+        )
 
 
 class CombinedOptimizer(torch.optim.Optimizer):
@@ -144,15 +169,21 @@ def build_optimizer(model: CTRModel, config: OptimConfig) -> torch.optim.Optimiz
     With the same kind for both, a single torch optimizer with two param groups; otherwise a
     :class:`CombinedOptimizer` of one optimizer per kind. Each group carries its ``name``.
     """
+    embedding_decay = config.embedding_weight_decay
     groups = {
-        "embedding": (config.embedding, config.embedding_lr or config.lr),
-        "dense": (config.dense, config.lr),
+        "embedding": (
+            config.embedding,
+            config.embedding_lr or config.lr,
+            config.weight_decay if embedding_decay is None else embedding_decay,
+        ),
+        "dense": (config.dense, config.lr, config.weight_decay),
     }
     params = {"embedding": model.embedding_parameters(), "dense": model.dense_parameters()}
     parts: dict[str, list[dict[str, Any]]] = {}
-    for name, (kind, lr) in groups.items():
+    for name, (kind, lr, decay) in groups.items():
         if params[name]:
-            parts.setdefault(kind, []).append({"params": params[name], "lr": lr, "name": name})
+            group = {"params": params[name], "lr": lr, "weight_decay": decay, "name": name}
+            parts.setdefault(kind, []).append(group)
     optimizers = {
         kind: _KINDS[kind](part, lr=config.lr, weight_decay=config.weight_decay)
         for kind, part in parts.items()
@@ -173,16 +204,20 @@ def cowclip_(grad: Tensor, weight: Tensor, rows: Tensor, ratio: float, min_norm:
         g_i <- g_i * min(1, cnt_i * max(r * ||w_i||, ζ) / ||g_i||)
 
     Rows not in ``rows`` are left alone: a row no id of the batch read has no gradient from it.
+    Counts are scattered into a table-sized buffer rather than found with ``torch.unique``,
+    whose output size the host must wait for: on a GPU that wait would stall every step. A row
+    read twice is computed twice, to the same value.
     """
     if rows.numel() == 0:
         return grad
-    ids, counts = torch.unique(rows, return_counts=True)
-    g = grad.index_select(0, ids)
-    weight_norm = weight.detach().index_select(0, ids).float().norm(dim=1)
-    threshold = counts.to(weight_norm.dtype) * (ratio * weight_norm).clamp(min=min_norm)
+    counts = torch.zeros(weight.shape[0], dtype=torch.float32, device=rows.device)
+    counts.index_add_(0, rows, torch.ones(rows.shape, dtype=torch.float32, device=rows.device))
+    g = grad.index_select(0, rows)
+    weight_norm = weight.detach().index_select(0, rows).float().norm(dim=1)
+    threshold = counts.index_select(0, rows) * (ratio * weight_norm).clamp(min=min_norm)
     grad_norm = g.float().norm(dim=1)
     scale = (threshold / grad_norm.clamp(min=torch.finfo(grad_norm.dtype).tiny)).clamp(max=1.0)
-    grad.index_copy_(0, ids, g * scale.unsqueeze(1).to(g.dtype))
+    grad.index_copy_(0, rows, g * scale.unsqueeze(1).to(g.dtype))
     return grad
 
 
@@ -202,8 +237,13 @@ class CowClip:
     code (bytedance/LargeBatchCTR) computes ``r * cnt_i * max(||w_i||, ζ)``; the two agree at
     the paper's r = 1. ``g_i`` is the gradient as ``backward()`` left it, so the threshold is
     in the units of the trainer's loss (a batch mean, as usual). Every table of the model is
-    clipped, the 1-wide first-order tables included. Only rows the batch read are touched: one
-    ``unique`` over the batch's row ids, then gathers and one ``index_copy_``, no Python loop.
+    clipped, the 1-wide first-order tables included. Only rows the batch read are touched:
+    counts scattered, then gathers and one ``index_copy_``, no Python loop and no wait for
+    the device.
+
+    The paper's scaling rule for a batch ``s`` times larger (its code's Criteo settings):
+    the embedding learning rate unchanged, the dense learning rate times ``sqrt(s)`` with a
+    warm-up, the embedding L2 penalty times ``s`` (:meth:`OptimConfig.scaled_for`).
 
     Usage::
 

@@ -37,7 +37,7 @@ from trainers.checkpoint import Checkpointer
 from trainers.config import TrainConfig
 from trainers.lazy import LazyReader
 from trainers.lineage import commits_read, lineage_tags
-from trainers.loader import Batch, DeviceLoader
+from trainers.loader import Batch, DeviceLoader, ShuffleOn, StallMeter
 from trainers.metrics import BinaryMetrics
 from trainers.models import CTRModel, build_model
 from trainers.optim import CowClip, build_optimizer
@@ -136,6 +136,7 @@ def _reader(
         consumer_group=config.consumer_group if train and buckets is None else None,
         buckets=buckets,
         after_commit=config.after_commit,
+        threads=config.reader_threads,
     )
     if len(channels) == 1:
         return ChannelReader(config.handoff, channels[0], world=world, options=options)
@@ -304,6 +305,13 @@ class _Session:
             self.net = torch.compile(self.net)  # type: ignore[assignment]
         bf16 = config.bf16 if config.bf16 is not None else self.device.type == "cuda"
         self.bf16 = bf16
+        self.shuffle_on: ShuffleOn = (
+            ("device" if self.device.type == "cuda" else "host")
+            if config.shuffle_on == "auto"
+            else "device"
+            if config.shuffle_on == "device"
+            else "host"
+        )
         self.holdout, kept = _holdout(config)
         self.reader = _reader(config, self.world, config.channels, train=True, buckets=kept)
         self.champion: CTRModel | None = None
@@ -366,7 +374,7 @@ class _Session:
             reader = _reader(config, self.world, config.channels, train=False, buckets=self.holdout)
         else:
             return {}
-        loader = DeviceLoader(reader, self.device, self.columns)
+        loader = DeviceLoader(reader, self.device, self.columns, shuffle_on=self.shuffle_on)
         return evaluate(
             model or self.net, iter(loader), limit=config.eval_batches, autocast=self.autocast
         )
@@ -378,10 +386,17 @@ class _Session:
 
     def run(self, run: Run, result: TrainResult) -> None:
         config = self.config
-        loader = DeviceLoader(self.reader, self.device, self.columns, event_time=config.event_time)
+        loader = DeviceLoader(
+            self.reader,
+            self.device,
+            self.columns,
+            event_time=config.event_time,
+            shuffle_on=self.shuffle_on,
+        )
         scores = _Scores()
         scored: dict[str, float] = {}  # the last progressive validation reported
-        window_rows = window_wait = 0.0
+        window_rows = 0.0
+        window_stall, stall = StallMeter(), StallMeter()
         window_started = time.perf_counter()
         started = time.perf_counter()
         last_cursor: dict[str, Any] | None = None
@@ -404,9 +419,9 @@ class _Session:
                 if config.audit_dir is not None:
                     audit.append(fingerprints(tensors))
                 result.rows += batch.rows
-                result.wait_seconds += batch.wait_s
+                stall.add(batch)
                 window_rows += batch.rows
-                window_wait += batch.wait_s
+                window_stall.add(batch)
                 if batch.event_time_us is not None and len(batch.event_time_us):
                     event = float(np.median(batch.event_time_us.numpy())) / 1e6
                     lag = time.time() - event
@@ -418,7 +433,7 @@ class _Session:
                     metrics = {
                         "loss": float(loss.detach()),
                         "samples_per_s": window_rows * self.world.world_size / elapsed,
-                        "data_stall_fraction": window_wait / elapsed,
+                        "data_stall_fraction": window_stall.total() / elapsed,
                         **{f"progressive_{k}": v for k, v in scored.items()},
                     }
                     run.log_metrics(metrics, step=self.step)
@@ -428,7 +443,8 @@ class _Session:
                         f"stall {metrics['data_stall_fraction']:.1%}"
                     )
                     scores.progressive.reset()
-                    window_rows = window_wait = 0.0
+                    window_rows = 0.0
+                    window_stall = StallMeter()
                     window_started = time.perf_counter()
                 if config.eval_every and self.step % config.eval_every == 0:
                     evaluated = self.evaluate()
@@ -440,6 +456,7 @@ class _Session:
                 if config.max_steps is not None and self.step >= config.max_steps:
                     done = True
                     break
+        result.wait_seconds = stall.total()
         result.seconds = time.perf_counter() - started
         result.steps = self.step
         self.last_cursor = last_cursor
@@ -580,5 +597,7 @@ def _params(config: TrainConfig, session: _Session) -> dict[str, Any]:
         "device": str(session.device),
         "bf16": session.bf16,
         "compile": config.compile,
+        "shuffle_on": session.shuffle_on,
+        "reader_threads": config.reader_threads,
         "parameters": sum(p.numel() for p in session.model.parameters()),
     }

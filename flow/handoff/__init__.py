@@ -14,6 +14,7 @@ from flow.handoff.format import ChannelMeta, Commit, ShardInfo
 from flow.handoff.mix import MixedReader
 from flow.handoff.plan import World
 from flow.handoff.reader import ChannelReader, ReadOptions, ReadStats
+from flow.handoff.slices import WindowRows, WindowSlice
 
 __all__ = [
     "Channel",
@@ -25,6 +26,8 @@ __all__ = [
     "ReadOptions",
     "ReadStats",
     "ShardInfo",
+    "WindowRows",
+    "WindowSlice",
     "World",
     "list_channels",
 ]

@@ -11,13 +11,14 @@ The cursor holds each channel's cursor, the number of draws and the channels alr
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from flow.errors import ConfigError
+from flow.handoff.slices import WindowSlice
 
 __all__ = ["BatchSource", "MixedReader"]
 
@@ -27,9 +28,14 @@ class BatchSource(Protocol):
 
     def __iter__(self) -> Iterator[pa.RecordBatch]: ...
 
+    def slices(self) -> Iterator[WindowSlice]: ...
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+T = TypeVar("T")
 
 
 class MixedReader:
@@ -81,29 +87,38 @@ class MixedReader:
             reader.load_state_dict(state["readers"][name])
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        return self._mix(iter)
+
+    def slices(self) -> Iterator[WindowSlice]:
+        """The same mix of the channels' window slices (see ``ChannelReader.slices``)."""
+        return self._mix(lambda reader: reader.slices())
+
+    def _mix(self, items: Callable[[BatchSource], Iterator[T]]) -> Iterator[T]:
         if self.priority is not None:
-            yield from self._by_priority(self.priority)
+            yield from self._by_priority(self.priority, items)
         else:
-            yield from self._by_weight()
+            yield from self._by_weight(items)
         self.epoch += 1
         self.draws = 0
         self.exhausted = []
 
-    def _by_priority(self, order: list[str]) -> Iterator[pa.RecordBatch]:
+    def _by_priority(
+        self, order: list[str], items: Callable[[BatchSource], Iterator[T]]
+    ) -> Iterator[T]:
         for name in order:
             if name in self.exhausted:
                 continue
-            for batch in self.readers[name]:
+            for batch in items(self.readers[name]):
                 self.last_channel = name
                 yield batch
             self.exhausted.append(name)
 
-    def _by_weight(self) -> Iterator[pa.RecordBatch]:
+    def _by_weight(self, items: Callable[[BatchSource], Iterator[T]]) -> Iterator[T]:
         weights = self.weights or {}
         generator = np.random.PCG64([self.seed, self.epoch])
         generator.advance(self.draws)  # one step per draw: resuming replays nothing
         rng = np.random.Generator(generator)
-        iterators = {n: iter(r) for n, r in self.readers.items() if n not in self.exhausted}
+        iterators = {n: items(r) for n, r in self.readers.items() if n not in self.exhausted}
         names = [n for n in weights if n in iterators]
         while names:
             shares = np.array([weights[n] for n in names])

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -41,9 +41,18 @@ from flow.handoff.plan import (
     targets,
 )
 from flow.handoff.shards import read_shard
+from flow.handoff.slices import WindowRows, WindowSlice, one_batch
 
 __all__ = ["ChannelReader", "ReadOptions", "ReadStats"]
 
+
+class _Rows(Protocol):
+    @property
+    def num_rows(self) -> int: ...
+
+
+T = TypeVar("T", bound=_Rows)
+"""What a reader yields: record batches, or window slices."""
 _NO_REFS = np.empty((0, 3), dtype=np.int64)
 _SAMPLE = 16  # one batch in this many is measured for shuffle quality
 
@@ -68,7 +77,11 @@ class ReadOptions:
     record_every: float = 5.0
     prefetch: int = 2
     """Windows' worth of rows whose shards are opened (read, checked, decompressed) ahead of use
-    by two background threads; 0: none. Memory grows by up to this many windows of rows."""
+    by background threads; 0: none. Memory grows by up to this many windows of rows."""
+    threads: int = 2
+    """Threads that open shards ahead of use. pyarrow releases the GIL while it reads, checks
+    and decompresses, so each thread can use a core: a GPU trainer reading millions of rows a
+    second wants several (see docs/benchmarks.md, "The GPU path")."""
     after_commit: int = -1
     """Read only the commits after this batch id (e.g. what arrived since the last training)."""
     buckets: frozenset[int] | None = None
@@ -81,6 +94,8 @@ class ReadOptions:
                 "a reader of some buckets cannot record consumption for retention (the rest "
                 "would count as unread, or as read); leave consumer_group unset with buckets"
             )
+        if self.threads < 1:
+            raise ConfigError(f"threads={self.threads}: give 1 or more decoding threads")
         if self.window_rows is not None and self.window_rows <= self.batch_size:
             raise ConfigError(
                 f"window_rows={self.window_rows} must exceed batch_size={self.batch_size}"
@@ -126,14 +141,6 @@ class _Mark:
     """References (commit, shard, row) of the rows carried into that window."""
 
 
-def _one_batch(table: pa.Table) -> pa.RecordBatch:
-    """``table``'s rows as one record batch: a view if they lie in one chunk, else a copy."""
-    batches = [b for b in table.to_batches() if b.num_rows]
-    if len(batches) == 1:
-        return batches[0]
-    return table.combine_chunks().to_batches()[0]
-
-
 class _Materializer:
     """Turns windows into record batches; keeps only the shards still needed open.
 
@@ -146,13 +153,20 @@ class _Materializer:
     """
 
     def __init__(
-        self, channel: Channel, verify: bool, stats: ReadStats, ahead_rows: int, map_files: bool
+        self,
+        channel: Channel,
+        options: ReadOptions,
+        stats: ReadStats,
+        *,
+        epoch: int,
+        map_files: bool,
     ) -> None:
         self.channel = channel
-        self.verify = verify
+        self.epoch = epoch
+        self.verify = options.verify
         self.map_files = map_files
         self.stats = stats
-        self.ahead_rows = ahead_rows
+        self.ahead_rows = ahead_rows = options.prefetch * options.window
         self.commits: dict[int, Commit] = {}
         self._open: dict[tuple[int, int], pa.Table] = {}
         self._remaining: dict[tuple[int, int], int] = {}
@@ -160,7 +174,9 @@ class _Materializer:
         self._loading: dict[tuple[int, int], Future[pa.Table]] = {}
         self._loading_rows = 0
         self._pool = (
-            ThreadPoolExecutor(2, thread_name_prefix="handoff-prefetch") if ahead_rows else None
+            ThreadPoolExecutor(options.threads, thread_name_prefix="handoff-prefetch")
+            if ahead_rows
+            else None
         )
         self.carry: pa.Table | None = None
         self.carry_refs = _NO_REFS
@@ -241,7 +257,39 @@ class _Materializer:
             del self._open[key]  # opened only for the carried rows
 
     def window(self, window: Window, batches: list[BatchPlan]) -> list[pa.RecordBatch]:
-        """The window's batches; what it leaves is carried into the next window."""
+        """The window's batches, gathered here; what it leaves is carried into the next one."""
+        rows = self._rows_of(window, batches)
+        if rows is None:
+            return []
+        # Shuffled: one gather of the window. In order: batches are slices of the shards, and
+        # only a batch that straddles two of them is copied.
+        ordered = (
+            rows.table.take(pa.array(rows.order)).combine_chunks() if window.shuffle else rows.table
+        )
+        end = batches[-1].stop if batches else 0
+        self.carry = ordered.slice(end).combine_chunks() if end < ordered.num_rows else None
+        return [one_batch(ordered.slice(plan.start, plan.rows)) for plan in batches]
+
+    def window_slices(self, window: Window, batches: list[BatchPlan]) -> list[WindowSlice]:
+        """The window's batches as ranges of its unpermuted rows, for the consumer to gather.
+
+        Only the carried rows (fewer than a batch and a row) are gathered here, in the order
+        :meth:`window` carries them, so the next window is the same either way.
+        """
+        rows = self._rows_of(window, batches)
+        if rows is None:
+            return []
+        end = batches[-1].stop if batches else 0
+        left = rows.order[end:]
+        self.carry = rows.table.take(pa.array(left)).combine_chunks() if len(left) else None
+        return [WindowSlice(rows, plan.start, plan.stop) for plan in batches]
+
+    def _rows_of(self, window: Window, batches: list[BatchPlan]) -> WindowRows | None:
+        """The window's rows unpermuted (carried rows first) and its order; None when empty.
+
+        Records shuffle quality for sampled batches and the references of the rows the window
+        will carry, and releases the shards the window used up.
+        """
         parts: list[pa.Table] = []
         bounds = [0]
         meta: list[tuple[int, int, int]] = []  # per part: commit, shard, first row (-1: carry)
@@ -257,28 +305,23 @@ class _Materializer:
             self._used(span)
         if not parts:
             self.carry, self.carry_refs = None, _NO_REFS
-            return []
+            return None
         table = pa.concat_tables(parts)
         order = window.permutation()
-        # Shuffled: one gather of the window. In order: batches are slices of the shards, and
-        # only a batch that straddles two of them is copied.
-        ordered = table.take(pa.array(order)).combine_chunks() if window.shuffle else table
         starts = np.asarray(bounds)
         part = np.repeat(np.arange(len(parts)), np.diff(starts))[order]  # each row's part
         info = np.asarray(meta, dtype=np.int64)
         shard_ids = np.unique(info[:, :2], axis=0, return_inverse=True)[1].reshape(-1)
-        out = []
         for plan in batches:
-            out.append(_one_batch(ordered.slice(plan.start, plan.rows)))
             if plan.ordinal % _SAMPLE == 0:  # shuffle quality, sampled: unique() is not free
                 self.stats.sampled += 1
                 self.stats.distinct_shards += len(
                     np.unique(shard_ids[part[plan.start : plan.stop]])
                 )
         end = batches[-1].stop if batches else 0
-        self.carry = ordered.slice(end).combine_chunks() if end < ordered.num_rows else None
         self.carry_refs = self._refs(order[end:], part[end:], starts, info)
-        return out
+        key = (self.channel.name, self.epoch, window.ident)
+        return WindowRows(table, order, window.shuffle, key)
 
     def _refs(
         self, positions: np.ndarray, parts: np.ndarray, starts: np.ndarray, info: np.ndarray
@@ -425,6 +468,18 @@ class ChannelReader:
         return ids
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        """One epoch's batches (see the class docstring), gathered on the host."""
+        return self._iterate(_Materializer.window)
+
+    def slices(self) -> Iterator[WindowSlice]:
+        """The same batches as iterating, as ranges of their shuffle windows, left ungathered
+        (see :mod:`flow.handoff.slices`): for a trainer that permutes rows on its GPU. The
+        cursor after each slice is the cursor after the batch it stands for."""
+        return self._iterate(_Materializer.window_slices)
+
+    def _iterate(
+        self, cut: Callable[[_Materializer, Window, list[BatchPlan]], list[T]]
+    ) -> Iterator[T]:
         options, world = self.options, self.world
         self._start_epoch()
         sizes = (
@@ -445,16 +500,12 @@ class ChannelReader:
         planner.restore(mark.counters)
         before = list(mark.before or [0] * world.world_size)
         materializer = _Materializer(
-            self.channel,
-            options.verify,
-            self.stats,
-            options.prefetch * options.window,
-            self._uncompressed,
+            self.channel, options, self.stats, epoch=self.epoch, map_files=self._uncompressed
         )
         resume_window: int | None = mark.window
         self._record(mark.after, force=True)
 
-        def run(windows: Iterator[tuple[Window, list[BatchPlan]]]) -> Iterator[pa.RecordBatch]:
+        def run(windows: Iterator[tuple[Window, list[BatchPlan]]]) -> Iterator[T]:
             """Materialize and yield windows, picking up where a loaded cursor left off."""
             nonlocal resume_window
             for window, plans in windows:
@@ -465,7 +516,7 @@ class ChannelReader:
                     materializer.restore_carry(mark.carry)
                     resume_window = None
                 self._mark.window, self._mark.carry = window.ident, materializer.carry_refs
-                for plan, batch in zip(plans, materializer.window(window, plans), strict=True):
+                for plan, batch in zip(plans, cut(materializer, window, plans), strict=True):
                     if plan.ordinal < self.position:
                         continue  # yielded before the cursor was taken
                     self.position = plan.ordinal + 1

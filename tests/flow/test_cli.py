@@ -43,13 +43,16 @@ def test_brackets_in_messages_are_printed_not_taken_for_markup(tmp_path: Path) -
     assert f"{missing} does not exist" in done.stderr.replace("\n", "")
 
 
-def test_a_benchmark_can_say_it_runs_without_the_services(tmp_path: Path) -> None:
-    from flow.cli import _needs_services
+def test_a_benchmark_can_say_it_runs_without_the_services_or_spark(tmp_path: Path) -> None:
+    from flow.cli import _flag
 
     quiet = tmp_path / "quiet.py"
-    quiet.write_text('"""A benchmark."""\nNEEDS_SERVICES = False\n')
+    quiet.write_text('"""A benchmark."""\nNEEDS_SERVICES = False\nNEEDS_SPARK = False\n')
     plain = tmp_path / "plain.py"
     plain.write_text("print('hello')\n")
-    assert not _needs_services(quiet)
-    assert _needs_services(plain)
-    assert not _needs_services(Path("benchmarks/handoff.py"))
+    assert not _flag(quiet, "NEEDS_SERVICES")
+    assert not _flag(quiet, "NEEDS_SPARK")
+    assert _flag(plain, "NEEDS_SERVICES")
+    assert _flag(plain, "NEEDS_SPARK")
+    assert not _flag(Path("benchmarks/handoff.py"), "NEEDS_SERVICES")
+    assert not _flag(Path("benchmarks/trainer.py"), "NEEDS_SPARK")

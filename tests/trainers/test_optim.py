@@ -226,3 +226,19 @@ def test_cowclip_is_off_unless_configured():
 def test_combined_optimizer_refuses_to_be_empty():
     with pytest.raises(ConfigError):
         CombinedOptimizer({})
+
+
+def test_the_cowclip_scaling_rule_keeps_the_embedding_rate_and_scales_the_rest():
+    base = OptimConfig(lr=1e-3, embedding_lr=2e-4, weight_decay=1e-5)
+    big = base.scaled_for(32)
+    assert big.cowclip
+    assert big.embedding_lr == 2e-4
+    assert big.lr == pytest.approx(1e-3 * math.sqrt(32))
+    assert big.embedding_weight_decay == pytest.approx(32e-5)
+    assert big.weight_decay == 1e-5  # the dense layers' penalty is not the rule's
+    groups = {g["name"]: g for g in build_optimizer(model("deepfm"), big).param_groups}
+    assert groups["embedding"]["weight_decay"] == pytest.approx(32e-5)
+    assert groups["dense"]["weight_decay"] == 1e-5
+    assert OptimConfig(lr=0.1).scaled_for(4).embedding_lr == 0.1  # unset: it was lr
+    with pytest.raises(ConfigError, match="factor"):
+        base.scaled_for(0)
