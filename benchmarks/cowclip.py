@@ -20,7 +20,8 @@ seeded order, in each run:
 * ``32k same``: batch 32,768 without CowClip, the base learning rates;
 * ``32k cowclip``: batch 32,768 with CowClip and its scaling rule
   (``OptimConfig.scaled_for(32)``: embedding rate unchanged, dense rate times sqrt(32),
-  embedding L2 times 32).
+  embedding L2 times 32);
+* ``32k sqrt cowclip``: CowClip with every learning rate times sqrt(32).
 
 Every run warms its dense learning rate up over the first ``--warmup`` share of its steps (the
 rule asks for it; the small batch gets it too, so only the batch and the rule differ).
@@ -86,7 +87,8 @@ class World:
         cards = torch.tensor(CARDINALITIES, dtype=torch.float64, device=device)
         u = torch.rand(n, SPARSE, generator=g, device=device, dtype=torch.float64)
         sparse = (torch.exp(u * torch.log(cards)) - 1).long().clamp(min=0)  # log-uniform ids
-        counts = -torch.log(torch.rand(n, DENSE, generator=g, device=device)) * 20
+        # log1p(-u), u in [0, 1): finite. log(u) is -inf for the u = 0 a GPU's RNG does draw.
+        counts = -torch.log1p(-torch.rand(n, DENSE, generator=g, device=device)) * 20
         dense = torch.log1p(counts)
         dense = (dense - dense.mean(0)) / dense.std(0)
         logit = torch.full((n,), self.bias, device=device)
@@ -133,6 +135,11 @@ def runs(base: OptimConfig, small: int, large: int) -> list[Run]:
         ),
         Run(f"{large // 1024}k same", large, base),
         Run(f"{large // 1024}k cowclip", large, base.scaled_for(factor)),
+        Run(
+            f"{large // 1024}k sqrt cowclip",
+            large,
+            replace(base, lr=base.lr * sqrt, embedding_lr=embedding_lr * sqrt, cowclip=True),
+        ),
     ]
 
 
@@ -183,7 +190,7 @@ def train(
             clip.apply(model, batch)
         optimizer.step()
         if (step + 1) % max(1, steps // 4) == 0:
-            out.print(f"    {run.name}: step {step + 1}/{steps}, loss {float(loss):.4f}")
+            out.print(f"    {run.name}: step {step + 1}/{steps}, loss {float(loss.detach()):.4f}")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started

@@ -316,7 +316,11 @@ def run_feed(
         # "-read": the loader alone, no model: the rows/s the host side can deliver.
         loader = handoff_loader(args, device, case.batch, place)
         batches = (b.tensors for b in endless(lambda: loader))
-        return timed(_nothing if read_only else step, batches, args, device, case.batch)
+        result = timed(_nothing if read_only else step, batches, args, device, case.batch)
+        if read_only:  # no model: nothing waits, the rate is the point
+            result.pop("data_stall_fraction", None)
+            result.pop("loop_wait_fraction", None)
+        return result
     if feed == "parquet":
         sys.path.insert(0, str(Path(__file__).parent))
         from baselines.torch_parquet import parquet_loader

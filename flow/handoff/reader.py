@@ -309,17 +309,21 @@ class _Materializer:
         table = pa.concat_tables(parts)
         order = window.permutation()
         starts = np.asarray(bounds)
-        part = np.repeat(np.arange(len(parts)), np.diff(starts))[order]  # each row's part
         info = np.asarray(meta, dtype=np.int64)
+
+        def part_of(first: int, stop: int | None = None) -> np.ndarray:
+            """The part each of the permuted rows ``[first, stop)`` comes from."""
+            return np.searchsorted(starts, order[first:stop], side="right") - 1
+
         shard_ids = np.unique(info[:, :2], axis=0, return_inverse=True)[1].reshape(-1)
         for plan in batches:
             if plan.ordinal % _SAMPLE == 0:  # shuffle quality, sampled: unique() is not free
                 self.stats.sampled += 1
                 self.stats.distinct_shards += len(
-                    np.unique(shard_ids[part[plan.start : plan.stop]])
+                    np.unique(shard_ids[part_of(plan.start, plan.stop)])
                 )
         end = batches[-1].stop if batches else 0
-        self.carry_refs = self._refs(order[end:], part[end:], starts, info)
+        self.carry_refs = self._refs(order[end:], part_of(end), starts, info)
         key = (self.channel.name, self.epoch, window.ident)
         return WindowRows(table, order, window.shuffle, key)
 
@@ -375,6 +379,7 @@ class ChannelReader:
         self._totals: list[int] | None = None
         self._mark = _Mark(after=self.options.after_commit)
         self._recorded = 0.0
+        self._carried: tuple[np.ndarray, list[list[int]]] | None = None
 
     # -- cursor -----------------------------------------------------------------------------
 
@@ -403,8 +408,16 @@ class ChannelReader:
             "before": mark.before,
             "counters": list(mark.counters),
             "window": mark.window,
-            "carry": mark.carry.tolist(),
+            "carry": self._carry_list(mark.carry),
         }
+
+    def _carry_list(self, carry: np.ndarray) -> list[list[int]]:
+        """``carry`` as lists, made once per window and shared by the cursors taken in it (up
+        to a batch of rows: converting them for every batch held the GIL for milliseconds a
+        batch, time a GPU trainer's loop thread needs). Treat cursors as read-only."""
+        if self._carried is None or self._carried[0] is not carry:
+            self._carried = (carry, carry.tolist())
+        return self._carried[1]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["config"] != self._config():
