@@ -62,7 +62,7 @@ out = console()
 
 
 @dataclass
-class World:
+class Truth:
     """The true model: click logit = bias + Σ effect[f][id] + Σ pairs <v_f, v_g> + w·dense."""
 
     effects: list[Tensor]
@@ -71,7 +71,7 @@ class World:
     bias: float
 
     @classmethod
-    def draw(cls, seed: int, device: torch.device) -> World:
+    def draw(cls, seed: int, device: torch.device) -> Truth:
         g = torch.Generator(device="cpu").manual_seed(seed)
         effects = [(torch.randn(c, generator=g) * 0.2).to(device) for c in CARDINALITIES]
         vectors = [
@@ -227,7 +227,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     args.bf16 = device.type == "cuda" if args.bf16 is None else args.bf16
-    world = World.draw(args.seed, device)
+    world = Truth.draw(args.seed, device)
     out.print(f"drawing {args.rows:,} training and {args.test_rows:,} test rows ...")
     train_rows = world.rows(args.rows, seed=1, device=device)
     args.test = world.rows(args.test_rows, seed=2, device=device)

@@ -29,12 +29,12 @@ from pyspark.sql import DataFrame, SparkSession
 
 from flow.config import StackConfig
 from flow.console import console
-from flow.datagen.ctr import World
-from flow.datagen.load import produce_stream, topics, write_history
-from flow.kafka import delete_topics
 from flow.pipeline import BackfillStage, LiveStage, RunOptions
 from flow.pipeline.features import feature_name
 from flow.pipeline.state import FeatureState
+from flow.stack.kafka import delete_topics
+from flow.workflows.loading import produce_stream, topics, write_history
+from flow.workflows.synthetic import SyntheticWorld
 from pipelines.ctr import ctr_features
 from pipelines.ctr_backfill import ctr_backfill
 from pipelines.ctr_streaming import ctr_streaming
@@ -178,7 +178,7 @@ def bench_backfill(
 ) -> dict[str, Any]:
     write_history(
         stack,
-        World(seed=31, users=50_000, items=10_000),
+        SyntheticWorld(seed=31, users=50_000, items=10_000),
         namespace=NAMESPACE,
         days=days,
         per_day=per_day,

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import replace
 
 from flow.engine import run_main
-from flow.smoke import SmokeCheck
+from flow.pipeline.smoke import SmokeCheck
 
 
 def smoke() -> SmokeCheck:

@@ -10,7 +10,7 @@ from flow.engine import Launch
 from flow.errors import ConfigError
 from flow.pipeline.model import Pipeline
 from flow.pipeline.run import RunOptions
-from flow.smoke import SmokeCheck
+from flow.pipeline.smoke import SmokeCheck
 from spark_jobs import submit
 
 __all__ = ["SparkEngine"]

@@ -26,13 +26,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from flow.catalog import open_catalog
 from flow.config import StackConfig
 from flow.errors import ConfigError, FlowError
 from flow.pipeline.model import LiveStage, Pipeline
 from flow.pipeline.run import RunOptions
 from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource
 from flow.pipeline.state import FeatureState, states_location
+from flow.stack.iceberg import open_catalog
 from spark_jobs.features import Featurizer
 from spark_jobs.joins import enrich, label_stream
 from spark_jobs.outputs import training_sink

@@ -17,9 +17,10 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from flow import jars, versions
+from flow import versions
 from flow.config import LOOPBACK, StackConfig
 from flow.errors import SparkSetupError
+from flow.stack import jars
 from spark_jobs.conf import REQUIRED_CLASSES, is_local_master, session_conf, stack_conf
 
 __all__ = ["get_session", "launched_by_spark_submit", "stack_jars"]

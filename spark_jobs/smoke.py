@@ -27,12 +27,12 @@ from pyspark.sql import types as T
 from rich.markup import escape
 from rich.table import Table
 
-from flow.catalog import open_catalog
 from flow.config import StackConfig
 from flow.console import console as make_console
 from flow.errors import ServiceError
-from flow.kafka import ensure_topics, producer
-from flow.smoke import SmokeCheck
+from flow.pipeline.smoke import SmokeCheck
+from flow.stack.iceberg import open_catalog
+from flow.stack.kafka import ensure_topics, producer
 from flow.tracking import MlflowTracker
 from spark_jobs.session import get_session
 from spark_jobs.sources import read_kafka

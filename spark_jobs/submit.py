@@ -17,7 +17,7 @@ from pathlib import Path
 from flow.config import LOOPBACK, StackConfig
 from flow.engine import Launch
 from flow.errors import ConfigError, DependencyMissingError
-from flow.jars import pyspark_jars_dir
+from flow.stack.jars import pyspark_jars_dir
 from spark_jobs.conf import is_local_master, stack_conf
 from spark_jobs.session import stack_jars
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flow import services
+from flow import stack as services
 from flow.config import StackConfig
 from tests.support import stack_env_for
 

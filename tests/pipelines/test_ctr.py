@@ -11,11 +11,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from flow.catalog import open_catalog
 from flow.config import StackConfig
-from flow.datagen.ctr import World
-from flow.datagen.load import produce_stream, write_history
 from flow.pipeline.state import FeatureState, layout, states_location
+from flow.stack.iceberg import open_catalog
+from flow.workflows.loading import produce_stream, write_history
+from flow.workflows.synthetic import SyntheticWorld
 from pipelines.ctr import ctr_features
 from tests.support import handoff_rows, run_flow
 
@@ -62,7 +62,7 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
 ) -> None:
     history = write_history(
         running_stack,
-        World(seed=21, users=3000, items=600),
+        SyntheticWorld(seed=21, users=3000, items=600),
         days=2,
         per_day=10_000,
         end=datetime(2026, 6, 1, tzinfo=UTC),

@@ -5,7 +5,7 @@ from mlflow.tracking import MlflowClient
 
 from flow.config import StackConfig
 from flow.errors import ConfigError
-from flow.smoke import SmokeCheck
+from flow.pipeline.smoke import SmokeCheck
 from pipelines.smoke import smoke
 from tests.support import run_flow
 

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from flow.config import StackConfig
 from flow.errors import HandoffError, SchemaMismatchError
 from flow.handoff import Channel, ChannelReader, ReadOptions, World
-from flow.kafka import ensure_topics, producer
+from flow.stack.kafka import ensure_topics, producer
 from spark_jobs.handoff import ExportOptions, export
 from spark_jobs.sources import read_kafka
 

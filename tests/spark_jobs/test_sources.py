@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from flow.catalog import open_catalog
 from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.pipeline import DeltaSource, Field, IcebergSource
+from flow.stack.iceberg import open_catalog
 from spark_jobs.sources import read_table
 
 pytestmark = pytest.mark.integration

@@ -11,9 +11,9 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from flow.catalog import open_catalog
 from flow.config import StackConfig
-from flow.kafka import ensure_topics, producer
+from flow.stack.iceberg import open_catalog
+from flow.stack.kafka import ensure_topics, producer
 from spark_jobs.sources import read_kafka
 
 pytestmark = pytest.mark.integration

@@ -19,11 +19,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from flow.catalog import open_catalog
 from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.handoff import Channel
-from flow.kafka import ensure_topics, producer
 from flow.pipeline import (
     BackfillStage,
     Cross,
@@ -43,6 +41,8 @@ from flow.pipeline import (
     Vocabulary,
 )
 from flow.pipeline.state import FeatureState, states_location
+from flow.stack.iceberg import open_catalog
+from flow.stack.kafka import ensure_topics, producer
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import training_rows
 from spark_jobs.live import run_live
@@ -97,7 +97,7 @@ def m(minutes: float) -> datetime:
 
 
 @dataclass
-class World:
+class Lake:
     stack: StackConfig
     ns: str
 
@@ -179,9 +179,9 @@ class World:
 
 
 @pytest.fixture
-def world(running_stack: StackConfig) -> World:
+def world(running_stack: StackConfig) -> Lake:
     ns = f"t{uuid.uuid4().hex[:8]}"
-    w = World(running_stack, ns)
+    w = Lake(running_stack, ns)
     ensure_topics(running_stack.kafka, [f"{ns}.impressions", f"{ns}.clicks"], partitions=2)
     imp_schema = pa.schema(
         [
@@ -222,7 +222,7 @@ def world(running_stack: StackConfig) -> World:
     return w
 
 
-def rows_of(world: World, channel: str) -> dict[str, dict[str, Any]]:
+def rows_of(world: Lake, channel: str) -> dict[str, dict[str, Any]]:
     """The channel's training rows by id (never more than one per id)."""
     where = f"{world.stack.handoff}/{world.ns}"
     if not Channel(where, channel).exists():
@@ -233,7 +233,7 @@ def rows_of(world: World, channel: str) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in found}
 
 
-def dead_reasons(spark: SparkSession, world: World, stage: str) -> list[str]:
+def dead_reasons(spark: SparkSession, world: Lake, stage: str) -> list[str]:
     table = dead_letter_table(world.stack, world.pipeline())
     spark.catalog.refreshTable(table)
     return sorted(r.reason for r in spark.table(table).where(F.col("stage") == stage).collect())
@@ -245,7 +245,7 @@ def assert_no_python(df: DataFrame) -> None:
 
 
 def test_backfill_labels_validates_enriches_fits_and_reconciles(
-    spark: SparkSession, world: World
+    spark: SparkSession, world: Lake
 ) -> None:
     pipeline = world.pipeline()
     stage = pipeline.stage("backfill")
@@ -290,7 +290,7 @@ def test_backfill_labels_validates_enriches_fits_and_reconciles(
 
 
 def test_a_full_backfill_of_new_snapshots_is_refused_and_tables_remain_an_option(
-    spark: SparkSession, world: World
+    spark: SparkSession, world: Lake
 ) -> None:
     pipeline = world.pipeline()
     stage = pipeline.stage("backfill")
@@ -308,7 +308,7 @@ def test_a_full_backfill_of_new_snapshots_is_refused_and_tables_remain_an_option
     )
 
 
-def test_features_and_parsing_run_no_python_per_row(spark: SparkSession, world: World) -> None:
+def test_features_and_parsing_run_no_python_per_row(spark: SparkSession, world: Lake) -> None:
     pipeline = world.pipeline()
     _, state = run_backfill(spark, pipeline, pipeline.stage("backfill"), world.stack)  # type: ignore[arg-type]
     enriched = spark.createDataFrame(
@@ -328,7 +328,7 @@ def test_features_and_parsing_run_no_python_per_row(spark: SparkSession, world: 
     assert_no_python(parse_kafka(raw, source, "impressions"))
 
 
-def test_a_replayed_batch_commits_nothing(spark: SparkSession, world: World) -> None:
+def test_a_replayed_batch_commits_nothing(spark: SparkSession, world: Lake) -> None:
     table = f"{world.stack.catalog.name}.{world.ns}.replay"
     spark.sql(f"CREATE TABLE {table} (a bigint) USING iceberg")
     batch = spark.range(3).withColumnRenamed("id", "a")
@@ -348,7 +348,7 @@ def test_a_replayed_batch_commits_nothing(spark: SparkSession, world: World) -> 
 class LiveRun:
     """run_live in a background thread, continuous, until told to stop."""
 
-    def __init__(self, spark: SparkSession, world: World, pipeline: Pipeline) -> None:
+    def __init__(self, spark: SparkSession, world: Lake, pipeline: Pipeline) -> None:
         self.stop_event = threading.Event()
         self.result: list[StageReport] = []
         self.error: list[BaseException] = []
@@ -386,7 +386,7 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 180) -> None
 
 
 @pytest.fixture
-def live_world(spark: SparkSession, world: World) -> World:
+def live_world(spark: SparkSession, world: Lake) -> Lake:
     """A world whose feature state the backfill has fitted."""
     pipeline = world.pipeline()
     run_backfill(spark, pipeline, pipeline.stage("backfill"), world.stack)  # type: ignore[arg-type]
@@ -394,7 +394,7 @@ def live_world(spark: SparkSession, world: World) -> World:
 
 
 def test_a_live_stage_labels_late_clicks_sees_dimension_updates_and_reconciles(
-    spark: SparkSession, live_world: World
+    spark: SparkSession, live_world: Lake
 ) -> None:
     world = live_world
     pipeline = world.pipeline(trigger="1 second")

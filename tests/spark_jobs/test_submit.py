@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from flow import jars
 from flow.config import StackConfig
 from flow.errors import ConfigError
+from flow.stack import jars
 from spark_jobs import submit
 
 

@@ -14,8 +14,8 @@ import urllib.error
 import urllib.request
 
 from flow.config import LOOPBACK, StackConfig
-from flow.services import process
-from flow.services.base import Progress, ServiceStatus
+from flow.stack import process
+from flow.stack.service import Progress, ServiceStatus
 
 __all__ = ["MlflowService", "mlflow_answers"]
 

@@ -12,21 +12,21 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from flow.catalog import open_catalog
 from flow.config import StackConfig
-from flow.datagen.ctr import (
+from flow.errors import ConfigError, ServiceError
+from flow.stack.iceberg import open_catalog
+from flow.stack.kafka import ensure_topics, producer
+from flow.workflows.synthetic import (
     CATEGORIES,
     CLICKS_SCHEMA,
     COUNTRIES,
     IMPRESSIONS_SCHEMA,
     StreamPlan,
-    World,
+    SyntheticWorld,
     encode_stream,
     pace,
     simulate,
 )
-from flow.errors import ConfigError, ServiceError
-from flow.kafka import ensure_topics, producer
 
 __all__ = [
     "HistoryReport",
@@ -81,7 +81,7 @@ class HistoryReport:
 
 def write_history(
     stack: StackConfig,
-    world: World,
+    world: SyntheticWorld,
     *,
     namespace: str = "ctr",
     days: int = 7,

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from flow.config import StackConfig
 from flow.errors import ConfigError
-from flow.services.base import Progress, Service, ServiceStatus
-from flow.services.catalog import CatalogService
-from flow.services.kafka import KafkaService
-from flow.services.mlflow_server import MlflowService
-from flow.services.process import file_lock
+from flow.stack.broker import KafkaService
+from flow.stack.mlflow_server import MlflowService
+from flow.stack.process import file_lock
+from flow.stack.service import Progress, Service, ServiceStatus
+from flow.stack.sql_catalog import CatalogService
 
 __all__ = ["SERVICE_NAMES", "Service", "ServiceStatus", "down", "local_services", "status", "up"]
 

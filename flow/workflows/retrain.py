@@ -32,8 +32,8 @@ from flow.errors import ConfigError
 from flow.handoff.channel import Channel
 from flow.pipeline.model import BackfillStage, Pipeline
 from flow.pipeline.sources import IcebergSource
-from flow.schedule import exclusive
 from flow.tracking import PARENT_RUN_ENV, MlflowTracker
+from flow.workflows.schedule import exclusive
 
 __all__ = ["RetrainOutcome", "RetrainSettings", "load_pipeline", "retrain"]
 
@@ -78,7 +78,7 @@ def _backfill(pipeline: Pipeline) -> tuple[BackfillStage, IcebergSource]:
 
 
 def _current_snapshot(stack: StackConfig, table: str) -> int:
-    from flow.catalog import open_catalog
+    from flow.stack.iceberg import open_catalog
 
     snapshot = open_catalog(stack.catalog).load_table(table).current_snapshot()
     if snapshot is None:

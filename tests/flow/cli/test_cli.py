@@ -44,15 +44,15 @@ def test_brackets_in_messages_are_printed_not_taken_for_markup(tmp_path: Path) -
 
 
 def test_a_benchmark_can_say_it_runs_without_the_services_or_spark(tmp_path: Path) -> None:
-    from flow.cli import _flag
+    from flow.cli.jobs import flag
 
     quiet = tmp_path / "quiet.py"
     quiet.write_text('"""A benchmark."""\nNEEDS_SERVICES = False\nNEEDS_SPARK = False\n')
     plain = tmp_path / "plain.py"
     plain.write_text("print('hello')\n")
-    assert not _flag(quiet, "NEEDS_SERVICES")
-    assert not _flag(quiet, "NEEDS_SPARK")
-    assert _flag(plain, "NEEDS_SERVICES")
-    assert _flag(plain, "NEEDS_SPARK")
-    assert not _flag(Path("benchmarks/handoff.py"), "NEEDS_SERVICES")
-    assert not _flag(Path("benchmarks/trainer.py"), "NEEDS_SPARK")
+    assert not flag(quiet, "NEEDS_SERVICES")
+    assert not flag(quiet, "NEEDS_SPARK")
+    assert flag(plain, "NEEDS_SERVICES")
+    assert flag(plain, "NEEDS_SPARK")
+    assert not flag(Path("benchmarks/handoff.py"), "NEEDS_SERVICES")
+    assert not flag(Path("benchmarks/trainer.py"), "NEEDS_SPARK")

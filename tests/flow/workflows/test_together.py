@@ -8,7 +8,7 @@ import pytest
 
 from flow.config import StackConfig
 from flow.errors import ConfigError
-from flow.together import TrainerLaunch
+from flow.workflows.together import TrainerLaunch
 from tests.support import Writer, stack_env_for
 
 

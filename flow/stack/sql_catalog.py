@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from flow.config import StackConfig
-from flow.services.base import Progress, ServiceStatus
+from flow.stack.service import Progress, ServiceStatus
 
 __all__ = ["CatalogService"]
 
@@ -53,7 +53,7 @@ class CatalogService:
 
     def up(self, progress: Progress) -> ServiceStatus:
         if self.config.type == "sql" and self._table_count() is None:
-            from flow.catalog import open_catalog  # pyiceberg + SQLAlchemy: only when needed
+            from flow.stack.iceberg import open_catalog  # pyiceberg + SQLAlchemy: only when needed
 
             progress(f"iceberg: creating the SQL catalog {self.address}")
             open_catalog(self.config)

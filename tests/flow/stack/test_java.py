@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from flow.errors import JavaNotFoundError
-from flow.java import MIN_JAVA, _major_version, find_java
+from flow.stack.java import MIN_JAVA, _major_version, find_java
 
 
 @pytest.mark.parametrize(

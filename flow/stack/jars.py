@@ -28,7 +28,7 @@ from xml.sax.saxutils import quoteattr
 from flow import versions
 from flow.config import StackConfig
 from flow.errors import ArtifactResolutionError, DependencyMissingError
-from flow.java import find_java
+from flow.stack.java import find_java
 
 __all__ = [
     "PROFILES",

@@ -19,7 +19,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from flow.cli_support import console, friendly, stack_config
+from flow.cli.common import console, friendly, stack_config
 from flow.errors import ChannelNotFoundError, FlowError, ShardCorruptError
 
 if TYPE_CHECKING:  # pyarrow loads inside the commands: `flow --help` stays instant

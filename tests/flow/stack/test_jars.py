@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from flow import jars, versions
+from flow import versions
 from flow.config import StackConfig
 from flow.errors import ArtifactResolutionError
+from flow.stack import jars
 from tests.support import stack_env_for
 
 

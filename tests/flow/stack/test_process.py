@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from flow.errors import PortInUseError, ServiceStartError
-from flow.services import process
+from flow.stack import process
 
 # A parent that starts a child and both sleep: stop() must take down the whole session.
 FAMILY = (

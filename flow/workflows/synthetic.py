@@ -29,7 +29,7 @@ __all__ = [
     "USERS_SCHEMA",
     "ClickModel",
     "Events",
-    "World",
+    "SyntheticWorld",
     "encode_stream",
     "simulate",
 ]
@@ -90,7 +90,7 @@ def _with_nulls(values: Sequence[object], rng: np.random.Generator, share: float
 
 
 @dataclass(frozen=True)
-class World:
+class SyntheticWorld:
     """The users and items, reproducible from the seed."""
 
     seed: int = 7

@@ -9,14 +9,21 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from flow.datagen.ctr import ClickModel, Events, StreamPlan, World, encode_stream, simulate
+from flow.workflows.synthetic import (
+    ClickModel,
+    Events,
+    StreamPlan,
+    SyntheticWorld,
+    encode_stream,
+    simulate,
+)
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
-def world() -> tuple[World, Events]:
-    w = World(seed=3, users=2000, items=400)
+def world() -> tuple[SyntheticWorld, Events]:
+    w = SyntheticWorld(seed=3, users=2000, items=400)
     events = simulate(
         w.users_table(), w.items_table(), count=40_000, start=START, span=timedelta(hours=6), seed=5
     )
@@ -35,17 +42,17 @@ def auc(scores: np.ndarray, labels: np.ndarray) -> float:
 
 def test_the_same_seed_gives_the_same_world() -> None:
     assert (
-        World(seed=1, users=50, items=20).users_table()
-        == World(seed=1, users=50, items=20).users_table()
+        SyntheticWorld(seed=1, users=50, items=20).users_table()
+        == SyntheticWorld(seed=1, users=50, items=20).users_table()
     )
     assert (
-        World(seed=1, users=50, items=20).items_table()
-        != World(seed=2, users=50, items=20).items_table()
+        SyntheticWorld(seed=1, users=50, items=20).items_table()
+        != SyntheticWorld(seed=2, users=50, items=20).items_table()
     )
 
 
 def test_ids_are_skewed_values_go_missing_and_clicks_follow_impressions(
-    world: tuple[World, Events],
+    world: tuple[SyntheticWorld, Events],
 ) -> None:
     w, events = world
     users = events.impressions.column("user_id").to_numpy()
@@ -66,7 +73,7 @@ def test_ids_are_skewed_values_go_missing_and_clicks_follow_impressions(
     assert events.late_clicks > 0
 
 
-def test_the_signal_is_learnable(world: tuple[World, Events]) -> None:
+def test_the_signal_is_learnable(world: tuple[SyntheticWorld, Events]) -> None:
     w, events = world
     model = ClickModel(w.users_table(), w.items_table())
     imps = events.impressions
@@ -82,7 +89,7 @@ def test_the_signal_is_learnable(world: tuple[World, Events]) -> None:
 
 
 def test_the_stream_is_in_event_time_order_and_broken_where_asked(
-    world: tuple[World, Events],
+    world: tuple[SyntheticWorld, Events],
 ) -> None:
     _, events = world
     plan = StreamPlan()
@@ -118,7 +125,7 @@ def test_the_stream_is_in_event_time_order_and_broken_where_asked(
     assert broken == sum(plan.malformed.values())
 
 
-def test_late_clicks_land_beyond_the_window(world: tuple[World, Events]) -> None:
+def test_late_clicks_land_beyond_the_window(world: tuple[SyntheticWorld, Events]) -> None:
     _, events = world
     shown = dict(
         zip(
@@ -135,7 +142,7 @@ def test_late_clicks_land_beyond_the_window(world: tuple[World, Events]) -> None
 
 
 def test_late_arrivals_come_out_of_order_but_within_their_hold(
-    world: tuple[World, Events],
+    world: tuple[SyntheticWorld, Events],
 ) -> None:
     _, events = world
     plan = StreamPlan()

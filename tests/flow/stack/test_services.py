@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flow import services
+from flow import stack as services
 from flow.config import StackConfig
 from flow.errors import JavaNotFoundError, PortInUseError, ServiceStartError
-from flow.services import kafka
-from flow.services.process import ProcessRecord, alive
+from flow.stack import broker
+from flow.stack.process import ProcessRecord, alive
 from tests.support import run_flow, stack_env_for
 
 
@@ -113,7 +113,7 @@ def test_a_cluster_id_that_starts_with_a_dash_still_formats(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One first start in 64 draws such an id; the storage tool once read it as an option.
-    monkeypatch.setattr(kafka, "new_cluster_id", lambda: "-Ab3kPp0TNmZ1x2YhQ7uWg")
+    monkeypatch.setattr(broker, "new_cluster_id", lambda: "-Ab3kPp0TNmZ1x2YhQ7uWg")
     stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
     try:
         (status,) = services.up(stack, ("kafka",))
@@ -131,7 +131,7 @@ def test_new_cluster_ids_are_kafka_uuids_that_no_parser_takes_for_an_option(
 ) -> None:
     draw = lambda: uuid.UUID(int=rng.getrandbits(128))  # noqa: E731
     with mock.patch.object(uuid, "uuid4", side_effect=draw):
-        cluster_id = kafka.new_cluster_id()
+        cluster_id = broker.new_cluster_id()
     assert not cluster_id.startswith("-")
     assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flow.errors import ConfigError
-from flow.schedule import Cron, Scheduler, exclusive
+from flow.workflows.schedule import Cron, Scheduler, exclusive
 
 
 class Clock:

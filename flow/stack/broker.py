@@ -12,13 +12,12 @@ import json
 import subprocess
 import uuid
 
-from flow import jars
 from flow.config import LOOPBACK, StackConfig
 from flow.errors import ServiceError, ServiceStartError
-from flow.java import find_java
-from flow.kafka import broker_answers
-from flow.services import process
-from flow.services.base import Progress, ServiceStatus
+from flow.stack import jars, process
+from flow.stack.java import find_java
+from flow.stack.kafka import broker_answers
+from flow.stack.service import Progress, ServiceStatus
 
 __all__ = ["KafkaService"]
 
@@ -154,7 +153,7 @@ class KafkaService:
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(self.data),
             "num.partitions": "1",
-            # Topics are created on purpose (flow.kafka.ensure_topics): a typo in a topic name
+            # Topics are created on purpose (flow.stack.kafka.ensure_topics): a typo in a topic name
             # must fail rather than create an empty topic a pipeline then waits on forever.
             "auto.create.topics.enable": "false",
             "offsets.topic.replication.factor": "1",

@@ -44,8 +44,8 @@ class DemoSize:
 
 
 def _reset(stack: StackConfig, say: Callable[[str], None]) -> None:
-    from flow.datagen.load import topics
-    from flow.kafka import delete_topics
+    from flow.stack.kafka import delete_topics
+    from flow.workflows.loading import topics
 
     delete_topics(stack.kafka, topics(NAMESPACE).values())
     shutil.rmtree(stack.checkpoints / NAMESPACE, ignore_errors=True)
@@ -55,13 +55,13 @@ def _reset(stack: StackConfig, say: Callable[[str], None]) -> None:
 
 
 def _generate(stack: StackConfig, size: DemoSize, say: Callable[[str], None]) -> None:
-    from flow.datagen.ctr import World
-    from flow.datagen.load import produce_stream, write_history
+    from flow.workflows.loading import produce_stream, write_history
+    from flow.workflows.synthetic import SyntheticWorld
 
     now = datetime.now(UTC)
     history = write_history(
         stack,
-        World(seed=7, users=10_000, items=2_000),
+        SyntheticWorld(seed=7, users=10_000, items=2_000),
         namespace=NAMESPACE,
         days=size.days,
         per_day=size.per_day,
@@ -93,7 +93,7 @@ def run_demo(
     say: Callable[[str], None],
 ) -> str:
     """Data, Spark job and trainer; the MLflow run they nest under."""
-    from flow.together import run_together
+    from flow.workflows.together import run_together
 
     _reset(stack, say)
     _generate(stack, size, say)

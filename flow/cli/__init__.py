@@ -1,0 +1,57 @@
+"""``flow``: the command line of Primus Flow.
+
+    flow services up | down | status     the embedded local stack
+    flow ui                              the MLflow UI of the local stack
+    flow jars fetch | list               JVM artifacts in the project-local cache
+    flow submit [spark-submit options] APP.py [args]
+    flow demo                            the whole product end to end on the local stack
+    flow insight RUN_ID                  training-data statistics, plots and drift of a run
+    flow retrain APP.py                  incremental retraining, promoted only if not worse
+    flow schedule APP.py --cron "..."    retraining on a schedule, one run at a time
+    flow run APP.py [args]               services up, then submit on the local stack
+    flow spark-args                      the options to give a plain spark-submit
+    flow handoff ls | show | verify | close | retire | drop
+                                         handoff channels (see flow/cli/channels.py)
+    flow bench NAME [args]               benchmarks/NAME.py on the local stack
+
+Heavy imports (pyiceberg, MLflow, Kafka clients) happen inside the commands that need them, so
+``flow --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from flow.cli import channels, data, jobs, lifecycle, local
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="primus-flow")
+def main() -> None:
+    """Primus Flow: Kafka + Iceberg + Spark into PyTorch trainers, tracked in MLflow."""
+
+
+for command in (
+    local.services,
+    local.ui,
+    local.jars,
+    data.generate,
+    jobs.submit,
+    jobs.run,
+    jobs.spark_args,
+    jobs.bench,
+    lifecycle.demo,
+    lifecycle.retrain,
+    lifecycle.schedule,
+    lifecycle.insight,
+    channels.handoff,
+):
+    main.add_command(command)
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m flow.cli`
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""``flow generate``: synthetic CTR data in Iceberg and Kafka."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from flow.cli.common import console, friendly, progress, stack_config
+
+__all__ = ["generate"]
+
+
+@click.group()
+def generate() -> None:
+    """Synthetic CTR data: Iceberg history and dimensions, a Kafka event stream."""
+
+
+_namespace = click.option(
+    "--namespace", default="ctr", show_default=True, help="Iceberg namespace / topic prefix."
+)
+
+
+@generate.command("history")
+@_namespace
+@click.option("--days", default=7, show_default=True, help="Days of history (one snapshot each).")
+@click.option("--per-day", default=50_000, show_default=True, help="Impressions per day.")
+@click.option("--users", default=10_000, show_default=True)
+@click.option("--items", default=2_000, show_default=True)
+@click.option("--seed", default=7, show_default=True)
+@click.option(
+    "--append", is_flag=True, help="Add days to existing history instead of replacing it."
+)
+@friendly
+def generate_history(
+    namespace: str, days: int, per_day: int, users: int, items: int, seed: int, append: bool
+) -> None:
+    """Users, items and impression/click history in Iceberg (replaced unless --append)."""
+    from flow.workflows.loading import write_history
+    from flow.workflows.synthetic import SyntheticWorld
+
+    stack = stack_config()
+    started = time.monotonic()
+    report = write_history(
+        stack,
+        SyntheticWorld(seed=seed, users=users, items=items),
+        namespace=namespace,
+        days=days,
+        per_day=per_day,
+        append=append,
+        progress=progress,
+    )
+    console.print(
+        f"{report.impressions:,} impressions, {report.clicks:,} clicks ({report.late_clicks:,} "
+        f"after the 30-minute window), {report.users:,} users, {report.items:,} items in "
+        f"{namespace}.* ({time.monotonic() - started:.1f}s)"
+    )
+
+
+@generate.command("stream")
+@_namespace
+@click.option("--count", default=10_000, show_default=True, help="Impressions to send.")
+@click.option(
+    "--rate", default=0.0, show_default=True, help="Records per second (0: as fast as possible)."
+)
+@click.option(
+    "--malformed", default=0.01, show_default=True, help="Share of impressions sent broken."
+)
+@click.option(
+    "--span-minutes",
+    type=float,
+    help="Event time the impressions cover (default: count/rate, or 10 ms each).",
+)
+@click.option(
+    "--late-arrivals",
+    default=0.02,
+    show_default=True,
+    help="Share of records sent up to 3 minutes out of event-time order.",
+)
+@click.option("--seed", default=11, show_default=True)
+@friendly
+def generate_stream(
+    namespace: str,
+    count: int,
+    rate: float,
+    malformed: float,
+    span_minutes: float | None,
+    late_arrivals: float,
+    seed: int,
+) -> None:
+    """Impressions and clicks to Kafka, drawn from the Iceberg users and items."""
+    from datetime import timedelta
+
+    from flow.workflows.loading import produce_stream, topics
+
+    stack = stack_config()
+    report = produce_stream(
+        stack,
+        namespace=namespace,
+        count=count,
+        rate=rate,
+        malformed_share=malformed,
+        span=timedelta(minutes=span_minutes) if span_minutes else None,
+        late_arrival_share=late_arrivals,
+        seed=seed,
+        progress=progress,
+    )
+    broken = ", ".join(f"{k} {v}" for k, v in sorted(report.malformed.items())) or "none"
+    console.print(
+        f"sent {report.impressions:,} impressions and {report.clicks:,} clicks to "
+        f"{', '.join(topics(namespace).values())} in {report.seconds:.1f}s; malformed: {broken}; "
+        f"clicks after the window: {report.late_clicks:,}; sent out of order: "
+        f"{report.late_arrivals:,}"
+    )
+
+
+@generate.command("update-users")
+@_namespace
+@click.option("--share", default=0.1, show_default=True, help="Share of users to change.")
+@click.option("--seed", default=13, show_default=True)
+@friendly
+def generate_update_users(namespace: str, share: float, seed: int) -> None:
+    """Change some users' country and favourite category (a new Iceberg snapshot)."""
+    from flow.workflows.loading import update_users
+
+    changed = update_users(stack_config(), namespace=namespace, share=share, seed=seed)
+    console.print(f"changed {changed:,} users in {namespace}.users")

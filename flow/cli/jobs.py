@@ -1,0 +1,127 @@
+"""``flow submit``, ``flow run``, ``flow spark-args``, ``flow bench``: Spark jobs on the stack."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from flow.cli.common import console, friendly, progress, stack_config
+from flow.cli.local import stack_up
+from flow.config import StackConfig
+from flow.errors import FlowError
+
+__all__ = ["bench", "launch", "run", "spark_args", "spark_launcher", "submit"]
+
+_passthrough = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+def _abbreviated(argv: Sequence[str]) -> str:
+    """The command line with long jar lists shortened to a count, for the terminal."""
+    shown = [f"<{a.count(',') + 1} jars>" if a.count(",") > 3 and ".jar" in a else a for a in argv]
+    return shlex.join(shown)
+
+
+def launch(argv: Sequence[str], stack: StackConfig, extra: dict[str, str] | None = None) -> int:
+    from flow.engine import load_engine
+
+    launch = load_engine("spark").submit_command(list(argv), stack)
+    console.print(f"[dim]$ {escape(_abbreviated(launch.argv))}[/]", highlight=False, soft_wrap=True)
+    return subprocess.call(launch.argv, env={**os.environ, **launch.env, **(extra or {})})
+
+
+def spark_launcher(stack: StackConfig) -> Callable[[Sequence[str], dict[str, str]], int]:
+    """``launch`` on ``stack``, for the commands that start Spark jobs of their own."""
+
+    def spark(argv: Sequence[str], extra: dict[str, str]) -> int:
+        return launch(argv, stack, extra)
+
+    return spark
+
+
+@click.command(context_settings=_passthrough)
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
+@friendly
+def submit(argv: tuple[str, ...]) -> None:
+    """spark-submit APP with the stack's jars, catalogs and Kafka settings.
+
+    Options before APP go to spark-submit and win over the stack's (--master, --conf k=v, ...);
+    arguments after APP go to the application.
+    """
+    raise SystemExit(launch(argv, stack_config()))
+
+
+@click.command(context_settings=_passthrough)
+@click.option(
+    "--train",
+    "train_args",
+    metavar="ARGS",
+    help='Also run a trainer following the job\'s channels: "--channel live --model dlrm ...".',
+)
+@click.option("--train-procs", default=1, show_default=True, help="Trainer processes (ranks).")
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
+@friendly
+def run(argv: tuple[str, ...], train_args: str | None, train_procs: int) -> None:
+    """Bring the local stack up, then submit APP on it (like `flow submit`).
+
+    With --train, a trainer (torchrun -m trainers train --follow ARGS) runs beside the job and
+    both nest under one MLflow run; the trainer ends after the job, once it has read everything.
+    """
+    stack = stack_up()
+    if train_args is None:
+        raise SystemExit(launch(argv, stack))
+    from flow.workflows.together import run_together
+
+    run_together(argv, train_args, train_procs, stack, spark_launcher(stack), progress)
+
+
+@click.command(context_settings=_passthrough)
+@click.argument("name")
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+@friendly
+def bench(name: str, argv: tuple[str, ...]) -> None:
+    """Run benchmarks/NAME.py on the local stack (arguments after NAME go to the benchmark)."""
+    script = Path("benchmarks") / f"{name}.py"
+    if not script.exists():
+        found = sorted(p.stem for p in Path("benchmarks").glob("*.py"))
+        raise FlowError(
+            f"no benchmark {name!r} in {Path('benchmarks').resolve()}; benchmarks: "
+            f"{', '.join(found) or 'none (run from the project folder)'}"
+        )
+    # A benchmark that needs no Kafka or MLflow says so: on two cores, idle services still
+    # take a share of the CPU it measures. One that needs no Spark runs as plain Python, so
+    # it runs where there is no Java (a bare GPU machine).
+    stack = stack_up() if flag(script, "NEEDS_SERVICES") else stack_config()
+    if not flag(script, "NEEDS_SPARK"):
+        raise SystemExit(subprocess.call([sys.executable, str(script), *argv]))
+    raise SystemExit(launch(["--driver-memory", "4g", str(script), *argv], stack))
+
+
+def flag(script: Path, name: str) -> bool:
+    """False when the benchmark sets ``NAME = False`` at module level; True otherwise."""
+    for node in ast.parse(script.read_text()).body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+        ):
+            return bool(node.value.value)
+    return True
+
+
+@click.command("spark-args")
+@friendly
+def spark_args() -> None:
+    """Print the spark-submit options that give a job the stack (for a plain spark-submit)."""
+    from flow.engine import load_engine
+
+    click.echo(
+        " ".join(shlex.quote(o) for o in load_engine("spark").submit_options(stack_config()))
+    )

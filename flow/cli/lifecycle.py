@@ -1,0 +1,127 @@
+"""``flow demo``, ``flow retrain``, ``flow schedule`` and ``flow insight``: models over time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from flow.cli.common import console, friendly, progress, stack_config
+from flow.cli.jobs import spark_launcher
+from flow.cli.local import stack_up
+from flow.errors import FlowError
+
+__all__ = ["demo", "insight", "retrain", "schedule"]
+
+
+@click.command()
+@click.option("--days", default=3, show_default=True, help="Days of Iceberg history.")
+@click.option("--per-day", default=20_000, show_default=True, help="Impressions per day.")
+@click.option("--live", default=20_000, show_default=True, help="Impressions in the Kafka stream.")
+@click.option("--per-batch", default=5_000, show_default=True, help="Impressions per micro-batch.")
+@click.option("--json", "as_json", is_flag=True, help="Also print the summary as JSON.")
+@friendly
+def demo(days: int, per_day: int, live: int, per_batch: int, as_json: bool) -> None:
+    """The whole product end to end: data, backfill and live stages, a trainer, a summary."""
+    from flow.workflows.demo import DemoSize, run_demo, show, summarize
+
+    started = time.monotonic()
+    stack = stack_up()
+    size = DemoSize(days=days, per_day=per_day, live=live, per_batch=per_batch)
+    parent = run_demo(stack, size, spark_launcher(stack), progress)
+    summary = summarize(stack, parent)
+    show(summary, console)
+    from flow.insight import run_insight
+
+    for name, report in run_insight(stack, parent):
+        console.print(f"  insight, {escape(name)}: {escape(report.findings[0])}", highlight=False)
+        summary[f"insight_{name}"] = report.findings
+    console.print(f"done in {time.monotonic() - started:.0f}s")
+    if as_json:
+        click.echo(json.dumps(summary))
+
+
+@click.command()
+@click.argument("app")
+@click.option("--model-name", help="Registered model to retrain (default: the pipeline's name).")
+@click.option("--margin", default=0.002, show_default=True, help="AUC a new model may lose.")
+@click.option("--holdout-share", default=0.125, show_default=True, help="Buckets held out.")
+@click.option("--train", "train_args", default="", help='More trainer options: "--lr 0.01".')
+@friendly
+def retrain(
+    app: str, model_name: str | None, margin: float, holdout_share: float, train_args: str
+) -> None:
+    """Retrain APP's model on the Iceberg snapshots appended since the last retraining.
+
+    Warm-starts from the registry's champion, evaluates on held-out buckets of the new rows,
+    and moves the champion alias only if the new model is not worse by more than --margin.
+    """
+    from flow.workflows.retrain import RetrainSettings, load_pipeline
+    from flow.workflows.retrain import retrain as run_retrain
+
+    stack = stack_up()
+    name = model_name or load_pipeline(app).name
+    settings = RetrainSettings(name, margin, holdout_share, train_args)
+    outcome = run_retrain(stack, app, settings, spark_launcher(stack), progress)
+    console.print(f"retrain {escape(name)}: [bold]{outcome.outcome}[/] ({escape(outcome.reason)})")
+
+
+@click.command()
+@click.argument("app")
+@click.option("--cron", required=True, help='When to retrain, e.g. "0 3 * * *" (03:00 daily).')
+@click.option("--model-name", help="Registered model to retrain (default: the pipeline's name).")
+@click.option("--train", "train_args", default="", help="More trainer options.")
+@click.option("--max-runs", type=int, help="Stop after this many runs (default: never).")
+@friendly
+def schedule(
+    app: str, cron: str, model_name: str | None, train_args: str, max_runs: int | None
+) -> None:
+    """Run `flow retrain APP` on a cron schedule, one run at a time, logging each run."""
+    from flow.workflows.schedule import Cron, Scheduler
+
+    parsed = Cron.parse(cron)
+    stack = stack_config()
+    command = [sys.executable, "-m", "flow", "retrain", app, "--train", train_args]
+    command += ["--model-name", model_name] if model_name else []
+    log = stack.home / "schedule" / f"{Path(app).stem}.jsonl"
+    console.print(f"retraining {escape(app)} at {escape(cron)}; runs logged to {escape(str(log))}")
+
+    def job() -> int:
+        return subprocess.call(command)
+
+    Scheduler(parsed, job, log, say=progress).run(max_runs)
+
+
+@click.command()
+@click.argument("run_id", required=False)
+@click.option("--location", help="Handoff location: a namespace, path or URI (without RUN_ID).")
+@click.option("--channel", help="The channel to profile (without RUN_ID).")
+@friendly
+def insight(run_id: str | None, location: str | None, channel: str | None) -> None:
+    """Training-data insight: per-feature statistics, plots, drift against the previous run.
+
+    With RUN_ID (a trainer's MLflow run, or a pipeline run a trainer nested under), the channels
+    and commits that run read; the report goes into its artifacts too.
+    """
+    from flow.cli.channels import resolve
+    from flow.insight import channel_insight, run_insight
+
+    stack = stack_config()
+    if run_id:
+        found = run_insight(stack, run_id)
+    elif location and channel:
+        where = resolve(location).uri
+        report, folder = channel_insight(stack, where, channel)
+        found = [(channel, report)]
+        console.print(f"report: {escape(str(folder / 'report.html'))}")
+    else:
+        raise FlowError("give a trainer's MLflow RUN_ID, or --location and --channel")
+    for name, report in found:
+        console.print(f"[bold]{escape(name)}[/]: {report.profile.rows:,} rows", highlight=False)
+        for line in report.findings:
+            console.print(f"  - {escape(line)}", highlight=False)

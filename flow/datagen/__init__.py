@@ -1,1 +1,0 @@
-"""Synthetic data for Primus Flow (CTR: users, items, impressions, clicks)."""
