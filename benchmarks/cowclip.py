@@ -47,9 +47,10 @@ from torch import Tensor, nn
 from flow.config import StackConfig
 from flow.console import console
 from flow.pipeline.state import Layout
+from flow.training import ModelConfig, OptimConfig
 from trainers.metrics import BinaryMetrics
-from trainers.models import ModelConfig, build_model
-from trainers.optim import CowClip, OptimConfig, build_optimizer
+from trainers.models import build_model
+from trainers.optim import CowClip, build_optimizer
 
 NEEDS_SERVICES = False
 NEEDS_SPARK = False

@@ -67,9 +67,10 @@ from flow.config import StackConfig
 from flow.console import console
 from flow.handoff import Channel, ChannelReader, Commit, ReadOptions, ShardInfo
 from flow.pipeline.state import Layout
+from flow.training import ModelConfig, OptimConfig
 from trainers.loader import DeviceLoader
-from trainers.models import ModelConfig, build_model
-from trainers.optim import OptimConfig, build_optimizer
+from trainers.models import build_model
+from trainers.optim import build_optimizer
 
 NEEDS_SERVICES = False
 NEEDS_SPARK = False  # plain Python: runs on a GPU machine without Java

@@ -8,12 +8,19 @@ half-written file (on object stores a single PUT is already atomic).
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyarrow import fs as pafs
 
-__all__ = ["Location", "location"]
+from flow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flow.config import StackConfig
+
+__all__ = ["Location", "NamespaceLocations", "location", "namespace_locations"]
 
 
 class Location:
@@ -87,3 +94,31 @@ def location(uri_or_path: str) -> Location:
         return Location(pafs.LocalFileSystem(), path, path)
     filesystem, path = pafs.FileSystem.from_uri(uri_or_path)
     return Location(filesystem, path, uri_or_path)
+
+
+@dataclass(frozen=True)
+class NamespaceLocations:
+    """Where a pipeline namespace keeps its data: one folder of each kind."""
+
+    handoff: Location
+    """The namespace's handoff location: its channels are folders in it."""
+    checkpoints: Location
+    """Streaming queries' and trainers' checkpoints."""
+    feature_state: Location
+    """Fitted feature states (one folder per spec)."""
+
+
+def namespace_locations(stack: StackConfig, namespace: str) -> NamespaceLocations:
+    """The folders of ``namespace`` under the stack's roots.
+
+    The one place a namespace's paths are made: a root may be a URI with options after ``?``
+    (``s3://bucket/handoff?endpoint_override=...``), which string concatenation would put the
+    namespace after. :meth:`Location.child` puts it in the path.
+    """
+    if not namespace or "/" in namespace or namespace in (".", ".."):
+        raise ConfigError(f"namespace {namespace!r}: give a plain name (letters, digits, _ or -)")
+    return NamespaceLocations(
+        handoff=location(stack.handoff).child(namespace),
+        checkpoints=location(str(stack.checkpoints)).child(namespace),
+        feature_state=location(stack.feature_state).child(namespace),
+    )

@@ -2,9 +2,11 @@
 
     torchrun --nproc-per-node 2 -m trainers train --namespace ctr --channel backfill --epochs 2
     python -m trainers train --channel live --follow --export-every 1000 --register-as ctr
+    python -m trainers train --config run.json [--flags that override it]
     python -m trainers doctor [--require-gpu] [--json]
 
-``train --help`` lists every option (model, optimizer, mixing, checkpoints, tracking).
+``train --help`` lists every setting of ``flow.training.TrainConfig``, from which the command
+line is generated (model, optimizer, mixing, checkpoints, tracking).
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ COMMANDS = ("train", "doctor")
 def _train(argv: list[str]) -> int:
     from flow.config import StackConfig
     from flow.errors import FlowError
-    from trainers.config import parse, parser
+    from flow.training import parse_args
     from trainers.train import train
 
-    stack = StackConfig.from_env()
     try:
-        config = parse(argv, stack)
+        stack = StackConfig.from_env()
+        config = parse_args(argv).resolved(stack)
         result = train(config, tracking_uri=stack.mlflow.tracking_uri)
     except FlowError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -38,9 +40,8 @@ def _train(argv: list[str]) -> int:
             for name in result.freshness_s
         },
     }
-    target = parser().parse_known_args(argv)[0].result_file
-    if target is not None and result.leader:
-        target.write_text(json.dumps(summary, indent=2, default=str))
+    if config.result_file is not None and result.leader:
+        config.result_file.write_text(json.dumps(summary, indent=2, default=str))
     if result.leader:
         print("trainer: " + json.dumps(summary, default=str))
     return 0

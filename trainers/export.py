@@ -22,7 +22,8 @@ import torch
 import flow
 import trainers
 from flow.pipeline.state import Layout
-from trainers.models import CTRModel, ModelConfig, build_model
+from flow.training import ModelConfig
+from trainers.models import CTRModel, build_model
 
 __all__ = ["CTRPredictor", "batch_from_frame", "example_frame", "log_model"]
 

@@ -16,8 +16,6 @@ has no data-dependent Python branches, only checks on shapes and dtypes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +23,7 @@ from torch import Tensor, nn
 
 from flow.errors import ConfigError, SchemaMismatchError
 from flow.pipeline.state import Layout
+from flow.training import MODEL_NAMES, ModelConfig
 
 __all__ = [
     "DLRM",
@@ -36,54 +35,9 @@ __all__ = [
     "build_model",
 ]
 
-ModelName = Literal["deepfm", "dlrm", "wide_deep"]
 
 # Small enough that FM's ~F²/2 pairwise dot products start near zero, not as a noisy logit.
 _INIT_STD = 0.01
-
-
-def _check_sizes(field: str, sizes: Sequence[int]) -> None:
-    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
-        raise ConfigError(f"ModelConfig.{field} is {sizes!r}; give positive layer widths")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Which CTR model to build and how big."""
-
-    name: ModelName
-    """The architecture: ``deepfm``, ``dlrm`` or ``wide_deep``."""
-    embedding_dim: int = 16
-    """Width of every feature embedding (DLRM's dot-product interaction needs one width)."""
-    hidden: tuple[int, ...] = (256, 128)
-    """Hidden widths of the top MLP (DLRM) or the deep part (DeepFM, Wide & Deep)."""
-    bottom: tuple[int, ...] = (64,)
-    """DLRM's bottom MLP over the dense block; a last layer to ``embedding_dim`` is added."""
-    max_embedding_rows: int = 2**22
-    """Rows per table at most. A feature with a larger cardinality is hashed down: id ``i`` uses
-    row ``i % max_embedding_rows`` (hashed buckets can be far larger than memory allows)."""
-    dropout: float = 0.0
-    """Dropout after each hidden layer of the MLPs."""
-
-    def __post_init__(self) -> None:
-        allowed = get_args(ModelName)
-        if self.name not in allowed:
-            raise ConfigError(
-                f"ModelConfig.name is {self.name!r}; choose one of {', '.join(allowed)}"
-            )
-        if isinstance(self.embedding_dim, bool) or self.embedding_dim < 1:
-            raise ConfigError(f"ModelConfig.embedding_dim is {self.embedding_dim}; give 1 or more")
-        # Lists from YAML/JSON become tuples so the config stays hashable and immutable.
-        object.__setattr__(self, "hidden", tuple(self.hidden))
-        object.__setattr__(self, "bottom", tuple(self.bottom))
-        _check_sizes("hidden", self.hidden)
-        _check_sizes("bottom", self.bottom)
-        if isinstance(self.max_embedding_rows, bool) or self.max_embedding_rows < 1:
-            raise ConfigError(
-                f"ModelConfig.max_embedding_rows is {self.max_embedding_rows}; give 1 or more"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"ModelConfig.dropout is {self.dropout}; give a value in [0, 1)")
 
 
 def _check_layout(layout: Layout) -> None:
@@ -451,6 +405,8 @@ class DLRM(CTRModel):
 
 
 _MODELS: dict[str, type[CTRModel]] = {"deepfm": DeepFM, "dlrm": DLRM, "wide_deep": WideDeep}
+if set(_MODELS) != set(MODEL_NAMES):  # the names are defined once, in flow.training
+    raise ImportError(f"trainers build {sorted(_MODELS)}; flow.training names {MODEL_NAMES}")
 
 
 def build_model(config: ModelConfig, layout: Layout) -> CTRModel:

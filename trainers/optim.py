@@ -12,15 +12,15 @@ training; call it between ``backward()`` and ``step()``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Literal, get_args, overload
+from dataclasses import dataclass
+from typing import Any, overload
 
 import torch
 from torch import Tensor
 
 from flow.errors import ConfigError
+from flow.training import OptimConfig
 from trainers.models import CTRModel
 
 __all__ = [
@@ -31,81 +31,12 @@ __all__ = [
     "cowclip_",
 ]
 
-OptimizerKind = Literal["adam", "adagrad", "sgd"]
 
 _KINDS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
     "adagrad": torch.optim.Adagrad,
     "sgd": torch.optim.SGD,
 }
-
-
-def _positive(field: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"OptimConfig.{field} is {value}; give a finite number > 0")
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """How to optimize a :class:`~trainers.models.CTRModel`."""
-
-    embedding: OptimizerKind = "adam"
-    """Optimizer of the embedding tables: ``adam``, ``adagrad`` or ``sgd``."""
-    dense: OptimizerKind = "adam"
-    """Optimizer of every other parameter (MLPs, dense projections, biases)."""
-    lr: float = 1e-3
-    """Learning rate of the dense parameters, and of the tables unless ``embedding_lr`` is set."""
-    embedding_lr: float | None = None
-    """Learning rate of the embedding tables; None uses ``lr``."""
-    weight_decay: float = 0.0
-    """L2 penalty added to the gradients of both groups (torch's ``weight_decay``)."""
-    embedding_weight_decay: float | None = None
-    """The embedding tables' own L2 penalty; None uses ``weight_decay``."""
-    cowclip: bool = False
-    """Clip embedding gradients with CowClip (see :class:`CowClip`)."""
-    cowclip_ratio: float = 1.0
-    """CowClip's r: a row's gradient may be up to r times its weight's norm per occurrence."""
-    cowclip_min: float = 1e-5
-    """CowClip's ζ: the lower bound of the threshold, so rows near zero can still move."""
-
-    def __post_init__(self) -> None:
-        allowed = get_args(OptimizerKind)
-        for field in ("embedding", "dense"):
-            if getattr(self, field) not in allowed:
-                raise ConfigError(
-                    f"OptimConfig.{field} is {getattr(self, field)!r}; "
-                    f"choose one of {', '.join(allowed)}"
-                )
-        _positive("lr", self.lr)
-        if self.embedding_lr is not None:
-            _positive("embedding_lr", self.embedding_lr)
-        for field in ("weight_decay", "embedding_weight_decay"):
-            value = getattr(self, field)
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ConfigError(f"OptimConfig.{field} is {value}; give 0 or more")
-        _positive("cowclip_ratio", self.cowclip_ratio)
-        _positive("cowclip_min", self.cowclip_min)
-
-    def scaled_for(self, factor: float) -> OptimConfig:
-        """This configuration for a batch ``factor`` times larger, by CowClip's scaling rule.
-
-        The embedding learning rate stays, the dense one grows by ``sqrt(factor)``, the
-        embedding L2 penalty by ``factor`` (fewer steps apply it); CowClip is turned on. The
-        rule also warms the dense learning rate up, which is the training loop's to do.
-        """
-        _positive("factor", factor)
-        decay = (
-            self.weight_decay
-            if self.embedding_weight_decay is None
-            else self.embedding_weight_decay
-        )
-        return replace(
-            self,
-            lr=self.lr * math.sqrt(factor),
-            embedding_lr=self.embedding_lr or self.lr,
-            embedding_weight_decay=decay * factor,
-            cowclip=True,
-        )
 
 
 class CombinedOptimizer(torch.optim.Optimizer):

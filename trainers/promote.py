@@ -16,7 +16,8 @@ import torch
 
 from flow.errors import ConfigError
 from flow.pipeline.state import Layout
-from trainers.models import CTRModel, ModelConfig, build_model
+from flow.training import ModelConfig
+from trainers.models import CTRModel, build_model
 
 __all__ = ["ALIAS", "Decision", "champion_state", "decide", "load_champion", "promote"]
 

@@ -33,8 +33,8 @@ from flow.errors import ConfigError
 from flow.handoff import Channel, ChannelReader, MixedReader, ReadOptions, World
 from flow.pipeline.state import Layout
 from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Run, Tracker
+from flow.training import TrainConfig
 from trainers.checkpoint import Checkpointer
-from trainers.config import TrainConfig
 from trainers.lazy import LazyReader
 from trainers.lineage import commits_read, lineage_tags
 from trainers.loader import Batch, DeviceLoader, ShuffleOn, StallMeter
@@ -139,18 +139,23 @@ def _reader(
         threads=config.reader_threads,
     )
     if len(channels) == 1:
-        return ChannelReader(config.handoff, channels[0], world=world, options=options)
+        return ChannelReader(config.location, channels[0], world=world, options=options)
     if config.mix:
         readers = {
-            c: ChannelReader(config.handoff, c, world=world, options=options) for c in channels
+            c: ChannelReader(config.location, c, world=world, options=options) for c in channels
         }
         return MixedReader(readers, weights=config.mix, seed=config.seed)
     # In order: a later channel opens when the earlier ones are done, so a trainer can start on
     # the history while the live stage has not yet written its first commit.
-    first = ChannelReader(config.handoff, channels[0], world=world, options=options)
+    first = ChannelReader(config.location, channels[0], world=world, options=options)
     later = {
         c: LazyReader(
-            config.handoff, c, world, options, config.wait_for_channels, first.channel.meta().layout
+            config.location,
+            c,
+            world,
+            options,
+            config.wait_for_channels,
+            first.channel.meta().layout,
         )
         for c in channels[1:]
     }
@@ -162,7 +167,7 @@ def _holdout(config: TrainConfig) -> tuple[frozenset[int] | None, frozenset[int]
     buckets, so this is a random slice, the same every run); (None, None) without a share."""
     if not config.holdout_share:
         return None, None
-    total = ChannelReader(config.handoff, config.channels[0]).channel.meta().num_buckets
+    total = ChannelReader(config.location, config.channels[0]).channel.meta().num_buckets
     held = frozenset(range(max(1, round(config.holdout_share * total))))
     return held, frozenset(range(total)) - held
 
@@ -177,11 +182,11 @@ def _wait_for(config: TrainConfig, say: Callable[[str], None]) -> None:
     deadline = time.monotonic() + config.wait_for_channels
     said = False
     while True:
-        missing = [c for c in _needed_now(config) if not Channel(config.handoff, c).exists()]
+        missing = [c for c in _needed_now(config) if not Channel(config.location, c).exists()]
         if not missing or time.monotonic() >= deadline:
             return  # a channel still missing fails below, naming what exists
         if not said:
-            say(f"waiting for channel(s) {', '.join(missing)} in {config.handoff}")
+            say(f"waiting for channel(s) {', '.join(missing)} in {config.location}")
             said = True
         time.sleep(1.0)
 
@@ -190,10 +195,10 @@ def _layout(config: TrainConfig) -> Layout:
     """The feature layout the channels were written with (all of them must agree)."""
     layouts = {}
     for name in _needed_now(config):
-        meta = ChannelReader(config.handoff, name).channel.meta()
+        meta = ChannelReader(config.location, name).channel.meta()
         if not meta.layout:
             raise ConfigError(
-                f"channel {name!r} in {config.handoff} records no feature layout: it was not "
+                f"channel {name!r} in {config.location} records no feature layout: it was not "
                 "written by a pipeline stage (write it with ExportOptions(layout=...))"
             )
         layouts[name] = meta.layout
@@ -571,10 +576,10 @@ def _promotion(
 def _log_lineage(session: _Session, run: Run, cursor: dict[str, Any]) -> None:
     """The commits read, their sources as tags, the rows' schema and layout as artifacts."""
     config = session.config
-    commits = commits_read(config.handoff, config.channels, cursor)
+    commits = commits_read(config.location, config.channels, cursor)
     run.log_dict(commits, "handoff_commits.json")
     run.set_tags(lineage_tags(commits))
-    reader = ChannelReader(config.handoff, config.channels[0])
+    reader = ChannelReader(config.location, config.channels[0])
     run.log_dict({f.name: str(f.type) for f in reader.schema}, "schema.json")
     run.log_dict(session.layout.to_dict(), "layout.json")
     read = [c for entries in commits.values() for c in entries]
@@ -586,7 +591,7 @@ def _log_lineage(session: _Session, run: Run, cursor: dict[str, Any]) -> None:
 
 def _params(config: TrainConfig, session: _Session) -> dict[str, Any]:
     return {
-        "handoff": config.handoff,
+        "handoff": config.location,
         "channels": ",".join(config.channels),
         "mix": config.mix,
         "model": config.model.name,

@@ -65,21 +65,35 @@ def submit(argv: tuple[str, ...]) -> None:
     metavar="ARGS",
     help='Also run a trainer following the job\'s channels: "--channel live --model dlrm ...".',
 )
+@click.option(
+    "--train-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The trainer's settings as a JSON file (TrainConfig); --train options override it.",
+)
 @click.option("--train-procs", default=1, show_default=True, help="Trainer processes (ranks).")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
 @friendly
-def run(argv: tuple[str, ...], train_args: str | None, train_procs: int) -> None:
+def run(
+    argv: tuple[str, ...], train_args: str | None, train_config: Path | None, train_procs: int
+) -> None:
     """Bring the local stack up, then submit APP on it (like `flow submit`).
 
-    With --train, a trainer (torchrun -m trainers train --follow ARGS) runs beside the job and
-    both nest under one MLflow run; the trainer ends after the job, once it has read everything.
+    With --train or --train-config, a trainer (torchrun -m trainers train, following the job's
+    channels) runs beside the job and both nest under one MLflow run; the trainer ends after
+    the job, once it has read everything. `python -m trainers train --help` lists its settings.
     """
+    trainer = None
+    if train_args is not None or train_config is not None:
+        from flow.training import parse_args
+
+        given = ["--config", str(train_config)] if train_config else []
+        trainer = parse_args([*given, *shlex.split(train_args or "")], prog="flow run --train")
     stack = stack_up()
-    if train_args is None:
+    if trainer is None:
         raise SystemExit(launch(argv, stack))
     from flow.workflows.together import run_together
 
-    run_together(argv, train_args, train_procs, stack, spark_launcher(stack), progress)
+    run_together(argv, trainer, train_procs, stack, spark_launcher(stack), progress)
 
 
 @click.command(context_settings=_passthrough)

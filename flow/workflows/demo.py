@@ -14,7 +14,6 @@ counts reconcile on their own.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,7 +24,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from flow.config import StackConfig
-from flow.storage import location
+from flow.storage import namespace_locations
+from flow.training import ModelConfig, OptimConfig, TrainConfig
 
 __all__ = ["DemoSize", "run_demo", "summarize"]
 
@@ -48,9 +48,9 @@ def _reset(stack: StackConfig, say: Callable[[str], None]) -> None:
     from flow.workflows.loading import topics
 
     delete_topics(stack.kafka, topics(NAMESPACE).values())
-    shutil.rmtree(stack.checkpoints / NAMESPACE, ignore_errors=True)
-    for root in (stack.handoff, stack.feature_state):
-        location(root).child(NAMESPACE).remove()
+    where = namespace_locations(stack, NAMESPACE)
+    for folder in (where.checkpoints, where.handoff, where.feature_state):
+        folder.remove()
     say(f"namespace {NAMESPACE}: topics, checkpoints, channels and feature state reset")
 
 
@@ -97,10 +97,16 @@ def run_demo(
 
     _reset(stack, say)
     _generate(stack, size, say)
-    trainer = (
-        f"--namespace {NAMESPACE} --channel backfill --channel live --model dlrm "
-        f"--batch-size {size.batch_size} --log-every 20 --event-time ts "
-        f"--register-as {MODEL_NAME} --checkpoint-every 100 --lr 0.01"
+    trainer = TrainConfig(
+        channels=("backfill", "live"),
+        namespace=NAMESPACE,
+        model=ModelConfig("dlrm"),
+        optim=OptimConfig(lr=0.01),
+        batch_size=size.batch_size,
+        log_every=20,
+        event_time="ts",
+        register_as=MODEL_NAME,
+        checkpoint_every=100,
     )
     app = [
         "pipelines/ctr_demo.py",

@@ -32,7 +32,9 @@ from flow.errors import ConfigError
 from flow.handoff.channel import Channel
 from flow.pipeline.model import BackfillStage, Pipeline
 from flow.pipeline.sources import IcebergSource
+from flow.storage import namespace_locations
 from flow.tracking import PARENT_RUN_ENV, MlflowTracker
+from flow.training import TrainConfig, parse_args, save_config
 from flow.workflows.schedule import exclusive
 
 __all__ = ["RetrainOutcome", "RetrainSettings", "load_pipeline", "retrain"]
@@ -122,6 +124,8 @@ def retrain(
     say: Callable[[str], None],
 ) -> RetrainOutcome:
     pipeline = load_pipeline(app)
+    # The user's trainer options are checked now, not after the backfill has run.
+    parse_args(shlex.split(settings.train_args), base=TrainConfig(channels=("-",)), prog="--train")
     with exclusive(stack.home / "schedule" / f"{pipeline.name}.lock") as mine:
         if not mine:
             reason = f"another retraining of {pipeline.name} is running; this one is skipped"
@@ -143,7 +147,7 @@ def _retrain(
     snapshot = _current_snapshot(stack, events.table)
     tracker = MlflowTracker(stack.mlflow.tracking_uri, f"retrain-{pipeline.name}")
     last = _last_success(tracker)
-    channel = Channel(f"{stack.handoff.rstrip('/')}/{pipeline.namespace}", stage.channel)
+    channel = Channel(namespace_locations(stack, pipeline.namespace).handoff.uri, stage.channel)
     params = {"pipeline": app, "model": model_name, "margin": settings.margin, "snapshot": snapshot}
     with tracker.pipeline_run("retrain", params=params) as run:
         if last is not None and int(last["flow.retrain.snapshot"]) == snapshot:
@@ -181,17 +185,26 @@ def _train(channel: Channel, after: int, settings: RetrainSettings, parent: str)
     """The trainer over the new commits, warm-started, deciding promotion; its decision."""
     with tempfile.TemporaryDirectory() as folder:
         result = Path(folder) / "result.json"
-        command = [
-            sys.executable, "-m", "trainers", "train",
-            "--handoff", channel.root.uri, "--channel", channel.name,
-            "--after-commit", str(after), "--holdout-share", str(settings.holdout_share),
-            "--register-as", settings.model_name, "--init-from-champion",
-            "--promote-margin", str(settings.margin), "--parent-run-id", parent,
-            "--experiment", f"retrain-{settings.model_name}", "--result-file", str(result),
-            "--checkpoint-dir", str(Path(folder) / "checkpoints"),
-            *shlex.split(settings.train_args),
-        ]  # fmt: skip
-        done = subprocess.run(command, check=False)
+        config = TrainConfig(
+            handoff=channel.root.uri,
+            channels=(channel.name,),
+            after_commit=after,
+            holdout_share=settings.holdout_share,
+            register_as=settings.model_name,
+            init_from_champion=True,
+            promote_margin=settings.margin,
+            parent_run_id=parent,
+            experiment=f"retrain-{settings.model_name}",
+            result_file=result,
+            checkpoint_dir=Path(folder) / "checkpoints",
+        )
+        # The user's own trainer options (``flow retrain --train "--lr 0.01"``) go on top,
+        # read by the trainer's own generated parser.
+        config = parse_args(shlex.split(settings.train_args), base=config, prog="--train")
+        file = save_config(config, Path(folder) / "trainer.json")
+        done = subprocess.run(
+            [sys.executable, "-m", "trainers", "train", "--config", str(file)], check=False
+        )
         if done.returncode != 0 or not result.exists():
             raise ConfigError(f"the trainer failed (exit {done.returncode}); see its output above")
         summary: dict[str, Any] = json.loads(result.read_text())

@@ -8,42 +8,47 @@ it reads what is left and ends cleanly; the command's exit code is the worse of 
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from flow.config import StackConfig
-from flow.errors import ConfigError
 from flow.handoff.channel import Channel
 from flow.tracking import PARENT_RUN_ENV, MlflowTracker
+from flow.training import TrainConfig, save_config
 
 __all__ = ["TrainerLaunch", "run_together"]
 
+FOLLOW_WAIT_S = 600.0
+"""How long the trainer waits for a channel its Spark job has not created yet."""
+
 
 class TrainerLaunch:
-    """The trainer's command line, and the channels it will follow."""
+    """The trainer of a pipeline run: its configuration (following the channels, nested under
+    the run), the file that holds it, and the command that starts it from that file."""
 
-    def __init__(self, args: str, processes: int, stack: StackConfig, parent_run: str) -> None:
-        self.args = shlex.split(args)
-        known = argparse.ArgumentParser(add_help=False)
-        known.add_argument("--channel", action="append", default=[])
-        known.add_argument("--namespace", default="default")
-        known.add_argument("--handoff")
-        found, _ = known.parse_known_args(self.args)
-        if not found.channel:
-            raise ConfigError(
-                '--train needs the channels to train on, e.g. --train "--channel live"'
-            )
-        self.channels: list[str] = found.channel
-        self.handoff: str = found.handoff or f"{stack.handoff.rstrip('/')}/{found.namespace}"
+    def __init__(
+        self, config: TrainConfig, processes: int, stack: StackConfig, parent_run: str
+    ) -> None:
+        self.config = replace(
+            config,
+            follow=True,
+            wait_for_channels=max(config.wait_for_channels, FOLLOW_WAIT_S),
+            parent_run_id=parent_run,
+        ).resolved(stack)
+        self.channels: list[str] = list(self.config.channels)
+        self.handoff: str = self.config.location
+        self.file: Path = save_config(
+            self.config, stack.home / "runs" / parent_run / "trainer.json"
+        )
         rendezvous = ["--standalone", f"--nproc-per-node={processes}"]
         self.argv = [
-            sys.executable, "-m", "torch.distributed.run", *rendezvous, "-m", "trainers", "train",
-            *self.args, "--follow", "--wait-for-channels", "600", "--parent-run-id", parent_run,
+            sys.executable, "-m", "torch.distributed.run", *rendezvous,
+            "-m", "trainers", "train", "--config", str(self.file),
         ]  # fmt: skip
 
     def close_channels(self) -> None:
@@ -55,7 +60,7 @@ class TrainerLaunch:
 
 def run_together(
     spark_argv: Sequence[str],
-    train_args: str,
+    trainer_config: TrainConfig,
     processes: int,
     stack: StackConfig,
     launch_spark: Callable[[Sequence[str], dict[str, str]], int],
@@ -67,7 +72,7 @@ def run_together(
     app = next((a for a in spark_argv if a.endswith(".py")), "pipeline")
     tracker = MlflowTracker(stack.mlflow.tracking_uri, experiment or f"pipeline-{Path(app).stem}")
     with tracker.pipeline_run(Path(app).stem, params={"command": shlex.join(spark_argv)}) as run:
-        trainer = TrainerLaunch(train_args, processes, stack, run.run_id)
+        trainer = TrainerLaunch(trainer_config, processes, stack, run.run_id)
         say(f"trainer: {shlex.join(trainer.argv[2:])}")
         env = {**os.environ, PARENT_RUN_ENV: run.run_id}
         process = subprocess.Popen(trainer.argv, env=env)

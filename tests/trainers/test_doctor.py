@@ -30,6 +30,10 @@ def test_json_output_and_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert trainers_main(["doctor", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["torch"] == torch.__version__
     assert trainers_main(["serve"]) == 2  # not a command
+    capsys.readouterr()
+    assert trainers_main(["train"]) == 1  # no channel: one line saying which flag to give
+    said = capsys.readouterr().err
+    assert "error: name at least one channel to train on (--channel live)" in said
     with pytest.raises(SystemExit) as exited:
-        trainers_main(["train"])  # argparse: --channel is required
+        trainers_main(["train", "--chanel", "live"])  # an unknown flag: a usage message
     assert exited.value.code == 2

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 from flow.errors import ConfigError, SchemaMismatchError
 from flow.pipeline.state import Layout
+from flow.training import ModelConfig
 from trainers.metrics import binary_auc
-from trainers.models import CTRModel, FieldEmbeddings, ModelConfig, build_model
+from trainers.models import CTRModel, FieldEmbeddings, build_model
 
 NAMES = ["deepfm", "dlrm", "wide_deep"]
 

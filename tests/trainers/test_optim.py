@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from flow.errors import ConfigError
 from flow.pipeline.state import Layout
+from flow.training import OptimConfig
 from tests.trainers.test_models import LAYOUT, model, random_batch
 from trainers.models import CTRModel
-from trainers.optim import CombinedOptimizer, CowClip, OptimConfig, build_optimizer, cowclip_
+from trainers.optim import CombinedOptimizer, CowClip, build_optimizer, cowclip_
 
 
 def train_step(

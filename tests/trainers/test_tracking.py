@@ -12,10 +12,10 @@ from mlflow.tracking import MlflowClient
 
 from flow.config import StackConfig
 from flow.tracking import MlflowTracker
+from flow.training import OptimConfig
 from tests.trainers.channels import LAYOUT, write
 from tests.trainers.test_train import config
 from trainers.export import example_frame
-from trainers.optim import OptimConfig
 from trainers.train import train
 
 

@@ -14,11 +14,9 @@ import pytest
 
 from flow.errors import ConfigError
 from flow.handoff import Channel
+from flow.training import ModelConfig, OptimConfig, TrainConfig
 from tests.support import REPO
 from tests.trainers.channels import write
-from trainers.config import TrainConfig
-from trainers.models import ModelConfig
-from trainers.optim import OptimConfig
 from trainers.train import train
 
 

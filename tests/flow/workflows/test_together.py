@@ -1,4 +1,4 @@
-"""``flow run --train``: the trainer's command line and the channels it follows."""
+"""``flow run --train``: the trainer's configuration, its file and the channels it follows."""
 
 from __future__ import annotations
 
@@ -8,25 +8,31 @@ import pytest
 
 from flow.config import StackConfig
 from flow.errors import ConfigError
+from flow.training import load_config, parse_args
 from flow.workflows.together import TrainerLaunch
 from tests.support import Writer, stack_env_for
 
 
 def test_the_trainer_follows_the_named_channels_of_its_namespace(tmp_path: Path) -> None:
     stack = StackConfig.from_env(stack_env_for(tmp_path))
-    launch = TrainerLaunch("--namespace ctr --channel live --model dlrm", 2, stack, "run-1")
+    config = parse_args(["--namespace", "ctr", "--channel", "live", "--model", "deepfm"])
+    launch = TrainerLaunch(config, 2, stack, "run-1")
     assert launch.channels == ["live"]
     assert launch.handoff == f"{stack.handoff}/ctr"
-    command = " ".join(launch.argv)
-    assert "--nproc-per-node=2 -m trainers train --namespace ctr --channel live" in command
-    assert "--follow" in launch.argv
-    assert launch.argv[-2:] == ["--parent-run-id", "run-1"]
+    assert launch.argv[-2:] == ["--config", str(launch.file)]
+    assert "--nproc-per-node=2" in launch.argv
+    given = load_config(launch.file)  # what the trainer will run: the user's, following
+    assert given.follow
+    assert given.parent_run_id == "run-1"
+    assert given.wait_for_channels >= 600
+    assert given.model.name == "deepfm"
+    assert given.handoff == launch.handoff
+    assert given.checkpoint_dir == stack.checkpoints / "ctr" / "trainer" / "live"
     Writer(launch.handoff, "live")
     launch.close_channels()
     assert (Path(launch.handoff) / "live" / "_closed").exists()
 
 
-def test_a_trainer_without_channels_is_refused(tmp_path: Path) -> None:
-    stack = StackConfig.from_env(stack_env_for(tmp_path))
+def test_a_trainer_without_channels_is_refused() -> None:
     with pytest.raises(ConfigError, match="--channel live"):
-        TrainerLaunch("--model dlrm", 1, stack, "run-1")
+        parse_args(["--model", "dlrm"])

@@ -1,0 +1,412 @@
+"""What a training run reads, builds and records: one typed configuration, torch-free.
+
+:class:`TrainConfig` (with its :class:`ModelConfig` and :class:`OptimConfig`) is the only
+description of a trainer run. The trainer's command line is generated from it
+(:func:`parse_args`, with `tyro <https://brentyi.github.io/tyro/>`_), a run can be written to and
+read from a JSON file (``--config run.json``), and the workflows that start a trainer
+(``flow run --train``, ``flow retrain``, ``flow demo``) build the object and hand the trainer its
+file, never a command line they assembled. It lives in ``flow`` so the core can build it without
+importing torch; ``trainers`` runs it.
+
+Why tyro: the dataclasses stay plain (``__post_init__`` checks name the field to change, as
+everywhere else in the project), each option's help is the field's docstring, nested configs
+become ``--model.*`` and ``--optim.*`` groups, and the few flags people type most keep short
+aliases (``--channel``, ``--model``, ``--lr``). Pydantic would have meant models instead of
+dataclasses for one parser; its validation is used only to read JSON files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import tyro
+
+from flow.config import StackConfig
+from flow.errors import ConfigError
+from flow.storage import namespace_locations
+
+__all__ = [
+    "MODEL_NAMES",
+    "ModelConfig",
+    "ModelName",
+    "OptimConfig",
+    "TrainConfig",
+    "load_config",
+    "parse_args",
+    "save_config",
+]
+
+ModelName = Literal["deepfm", "dlrm", "wide_deep"]
+"""The CTR architectures the trainer builds (the only place they are named)."""
+MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
+OptimizerKind = Literal["adam", "adagrad", "sgd"]
+ShuffleOn = Literal["auto", "host", "device"]
+
+
+def _alias(*names: str) -> Any:
+    """Short flags kept from before the CLI was generated (``--lr`` for ``--optim.lr``)."""
+    return tyro.conf.arg(aliases=names)
+
+
+def _check_sizes(name: str, sizes: Sequence[int]) -> None:
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise ConfigError(f"ModelConfig.{name} is {sizes!r}; give positive layer widths")
+
+
+def _positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"OptimConfig.{name} is {value}; give a finite number > 0")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which CTR model to build and how big."""
+
+    name: Annotated[ModelName, _alias("--model")] = "dlrm"
+    """The architecture: ``deepfm``, ``dlrm`` or ``wide_deep``."""
+    embedding_dim: Annotated[int, _alias("--embedding-dim")] = 16
+    """Width of every feature embedding (DLRM's dot-product interaction needs one width)."""
+    hidden: Annotated[tuple[int, ...], _alias("--hidden")] = (256, 128)
+    """Hidden widths of the top MLP (DLRM) or the deep part (DeepFM, Wide & Deep)."""
+    bottom: tuple[int, ...] = (64,)
+    """DLRM's bottom MLP over the dense block; a last layer to ``embedding_dim`` is added."""
+    max_embedding_rows: Annotated[int, _alias("--max-embedding-rows")] = 2**22
+    """Rows per table at most. A feature with a larger cardinality is hashed down: id ``i`` uses
+    row ``i % max_embedding_rows`` (hashed buckets can be far larger than memory allows)."""
+    dropout: float = 0.0
+    """Dropout after each hidden layer of the MLPs."""
+
+    def __post_init__(self) -> None:
+        if self.name not in MODEL_NAMES:
+            raise ConfigError(
+                f"ModelConfig.name is {self.name!r}; choose one of {', '.join(MODEL_NAMES)}"
+            )
+        if isinstance(self.embedding_dim, bool) or self.embedding_dim < 1:
+            raise ConfigError(f"ModelConfig.embedding_dim is {self.embedding_dim}; give 1 or more")
+        # Lists from YAML/JSON become tuples so the config stays hashable and immutable.
+        object.__setattr__(self, "hidden", tuple(self.hidden))
+        object.__setattr__(self, "bottom", tuple(self.bottom))
+        _check_sizes("hidden", self.hidden)
+        _check_sizes("bottom", self.bottom)
+        if isinstance(self.max_embedding_rows, bool) or self.max_embedding_rows < 1:
+            raise ConfigError(
+                f"ModelConfig.max_embedding_rows is {self.max_embedding_rows}; give 1 or more"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"ModelConfig.dropout is {self.dropout}; give a value in [0, 1)")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """How to optimize a CTR model: its embedding tables and its dense layers."""
+
+    embedding: Annotated[OptimizerKind, _alias("--embedding-optimizer")] = "adam"
+    """Optimizer of the embedding tables: ``adam``, ``adagrad`` or ``sgd``."""
+    dense: Annotated[OptimizerKind, _alias("--optimizer")] = "adam"
+    """Optimizer of every other parameter (MLPs, dense projections, biases)."""
+    lr: Annotated[float, _alias("--lr")] = 1e-3
+    """Learning rate of the dense parameters, and of the tables unless ``embedding_lr`` is set."""
+    embedding_lr: Annotated[float | None, _alias("--embedding-lr")] = None
+    """Learning rate of the embedding tables; None uses ``lr``."""
+    weight_decay: float = 0.0
+    """L2 penalty added to the gradients of both groups (torch's ``weight_decay``)."""
+    embedding_weight_decay: float | None = None
+    """The embedding tables' own L2 penalty; None uses ``weight_decay``."""
+    cowclip: Annotated[bool, _alias("--cowclip")] = False
+    """Clip embedding gradients with CowClip (``trainers.optim.CowClip``), for large batches."""
+    cowclip_ratio: float = 1.0
+    """CowClip's r: a row's gradient may be up to r times its weight's norm per occurrence."""
+    cowclip_min: float = 1e-5
+    """CowClip's ζ: the lower bound of the threshold, so rows near zero can still move."""
+
+    def __post_init__(self) -> None:
+        allowed = get_args(OptimizerKind)
+        for name in ("embedding", "dense"):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"OptimConfig.{name} is {getattr(self, name)!r}; "
+                    f"choose one of {', '.join(allowed)}"
+                )
+        _positive("lr", self.lr)
+        if self.embedding_lr is not None:
+            _positive("embedding_lr", self.embedding_lr)
+        for name in ("weight_decay", "embedding_weight_decay"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"OptimConfig.{name} is {value}; give 0 or more")
+        _positive("cowclip_ratio", self.cowclip_ratio)
+        _positive("cowclip_min", self.cowclip_min)
+
+    def scaled_for(self, factor: float) -> OptimConfig:
+        """This configuration for a batch ``factor`` times larger, by CowClip's scaling rule.
+
+        The embedding learning rate stays, the dense one grows by ``sqrt(factor)``, the
+        embedding L2 penalty by ``factor`` (fewer steps apply it); CowClip is turned on. The
+        rule also warms the dense learning rate up, which is the training loop's to do.
+        """
+        _positive("factor", factor)
+        decay = (
+            self.weight_decay
+            if self.embedding_weight_decay is None
+            else self.embedding_weight_decay
+        )
+        return replace(
+            self,
+            lr=self.lr * math.sqrt(factor),
+            embedding_lr=self.embedding_lr or self.lr,
+            embedding_weight_decay=decay * factor,
+            cowclip=True,
+        )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training run: which channels, which model, how to read, what to record."""
+
+    channels: Annotated[tuple[str, ...], _alias("--channel"), tyro.conf.UseAppendAction] = ()
+    """Channels to train on (repeat the flag: ``--channel backfill --channel live``)."""
+    namespace: str = "default"
+    """The pipeline namespace; the handoff and checkpoints default to its folders."""
+    handoff: str | None = None
+    """The handoff location (path or URI) holding the channels; None: the namespace's."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    mix: dict[str, float] | None = None
+    """Weights per channel (``--mix backfill 1 live 3``); None with several channels reads them
+    in order (priority)."""
+    eval_channel: str | None = None
+    """Held-out rows for AUC and log loss; without one, progressive validation only (each batch
+    is scored before the model trains on it)."""
+    batch_size: int = 4096
+    window_batches: int = 16
+    """Batches shuffled together (the reader's window)."""
+    seed: int = 0
+    epochs: int = 1
+    max_steps: int | None = None
+    follow: bool = False
+    """Continuous mode: follow the channels' new commits until they are closed."""
+    device: str = "auto"
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
+    bf16: bool | None = None
+    """Mixed precision (bf16 autocast); default on for CUDA, off on CPU."""
+    compile: bool = False
+    """``torch.compile`` the model."""
+    shuffle_on: ShuffleOn = "auto"
+    """Where the window shuffle's gather runs: ``host`` (the reader), ``device`` (the GPU, from
+    windows copied in order; the same batches), ``auto``: the device on CUDA, else the host."""
+    reader_threads: int = 2
+    """Threads per rank that read, check and decompress shards ahead of use."""
+    log_every: int = 50
+    eval_every: int | None = None
+    eval_batches: int | None = None
+    checkpoint_dir: Path | None = None
+    """None: the namespace's checkpoint folder, ``trainer/<channels>`` in it."""
+    checkpoint_every: int = 500
+    export_every: int | None = None
+    """Continuous mode: log (and register) the model every this many steps."""
+    consumer_group: str = "trainer"
+    tracking: bool = True
+    """Track the run in MLflow (``--no-tracking``: not at all)."""
+    experiment: str = "trainer"
+    parent_run_id: str | None = None
+    """Nest the trainer's MLflow runs under this run."""
+    register_as: str | None = None
+    """Register the model under this name."""
+    event_time: str | None = None
+    """A timestamp column of the rows, for freshness (event -> training step)."""
+    after_commit: int = -1
+    """Read only the commits after this batch id (incremental retraining)."""
+    holdout_share: float = 0.0
+    """Hold this share of the buckets out of training and evaluate on them (when there is no
+    eval channel): the same rows every run, since buckets are fixed per row."""
+    init_from_champion: bool = False
+    """Warm-start from the ``champion`` of ``register_as`` (when it has one)."""
+    promote_margin: float | None = None
+    """Promote the new model to ``champion`` only if its held-out AUC is not below the
+    champion's by more than this; None: no promotion step."""
+    wait_for_channels: float = 0.0
+    """Seconds to wait for the channels to appear (a trainer started beside its Spark job)."""
+    audit_dir: Path | None = None
+    """Debugging: each rank writes a fingerprint of every row it trained on (rank-<r>.npy)."""
+    result_file: Path | None = None
+    """Rank 0 writes the run's summary here as JSON."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "channels", tuple(self.channels))
+        if not self.channels:
+            raise ConfigError("name at least one channel to train on (--channel live)")
+        if self.mix is not None and set(self.mix) != set(self.channels):
+            raise ConfigError(
+                f"--mix names {sorted(self.mix)} but the channels are {sorted(self.channels)}"
+            )
+        if self.batch_size < 2 or self.window_batches < 2:
+            raise ConfigError("batch size and window (in batches) must be at least 2")
+        if not 0 <= self.holdout_share < 1:
+            raise ConfigError(f"--holdout-share {self.holdout_share}: give a share in [0, 1)")
+        if (self.init_from_champion or self.promote_margin is not None) and not self.register_as:
+            raise ConfigError("--init-from-champion and --promote-margin need --register-as NAME")
+        if self.shuffle_on not in get_args(ShuffleOn):
+            raise ConfigError(f"--shuffle-on {self.shuffle_on!r}: use auto, host or device")
+        if self.reader_threads < 1:
+            raise ConfigError(f"--reader-threads {self.reader_threads}: give 1 or more")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
+
+    @property
+    def location(self) -> str:
+        """The handoff location (set by :meth:`resolved` when not given)."""
+        if self.handoff is None:
+            raise ConfigError(
+                "TrainConfig.handoff is not set: give handoff= or call config.resolved(stack)"
+            )
+        return self.handoff
+
+    def resolved(self, stack: StackConfig) -> TrainConfig:
+        """The same run with the handoff and checkpoint folder the namespace defaults to."""
+        where = namespace_locations(stack, self.namespace)
+        checkpoints = self.checkpoint_dir or Path(
+            where.checkpoints.child("trainer", "-".join(self.channels)).path
+        )
+        return replace(self, handoff=self.handoff or where.handoff.uri, checkpoint_dir=checkpoints)
+
+
+# -- files and command lines -----------------------------------------------------------------
+
+
+def _dataclass_in(hint: Any) -> type | None:
+    """The dataclass a field's type names (itself, or inside Optional/Annotated), if any."""
+    if typing.get_origin(hint) is Annotated:
+        hint = get_args(hint)[0]
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return hint
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        found = [_dataclass_in(a) for a in get_args(hint)]
+        return next((f for f in found if f is not None), None)
+    return None
+
+
+def _check_keys(kind: type, data: Mapping[str, Any], where: str) -> None:
+    """Unknown keys are an error naming the closest known one, never silently ignored."""
+    hints = typing.get_type_hints(kind, include_extras=True)
+    known = [f.name for f in dataclasses.fields(kind)]
+    for key, value in data.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(known)}"
+            raise ConfigError(f"{where}: unknown setting {key!r}{hint}")
+        nested = _dataclass_in(hints[key])
+        if nested is not None and isinstance(value, Mapping):
+            _check_keys(nested, value, f"{where}.{key}")
+
+
+def config_from_dict(data: Mapping[str, Any], where: str = "TrainConfig") -> TrainConfig:
+    """A TrainConfig from plain data (a JSON file's): unknown keys and bad values name the
+    setting to change."""
+    from pydantic import TypeAdapter, ValidationError
+
+    _check_keys(TrainConfig, data, where)
+    try:
+        return TypeAdapter(TrainConfig).validate_python(dict(data))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{where}: {path}: {first['msg']} (got {first.get('input')!r})") from exc
+
+
+def config_to_dict(config: TrainConfig) -> dict[str, Any]:
+    """``config`` as JSON-ready data (what :func:`config_from_dict` reads back)."""
+    from pydantic import TypeAdapter
+
+    data: dict[str, Any] = TypeAdapter(TrainConfig).dump_python(config, mode="json")
+    return data
+
+
+def save_config(config: TrainConfig, path: Path) -> Path:
+    """Write ``config`` as JSON to ``path`` (a trainer reads it with ``--config PATH``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config_to_dict(config), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load_config(path: Path) -> TrainConfig:
+    """The TrainConfig in a JSON file written by :func:`save_config` or by hand."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--config {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path} must hold a JSON object of settings")
+    return config_from_dict(data, where=str(path))
+
+
+def _split_config(argv: Sequence[str]) -> tuple[Path | None, list[str]]:
+    """``--config FILE`` (or ``--config=FILE``) and the other arguments."""
+    rest: list[str] = []
+    found: Path | None = None
+    items = iter(argv)
+    for arg in items:
+        if arg == "--config":
+            value = next(items, None)
+            if value is None:
+                raise ConfigError("--config needs a file: --config run.json")
+            found = Path(value)
+        elif arg.startswith("--config="):
+            found = Path(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return found, rest
+
+
+_Flags = Annotated["TrainConfig", tyro.conf.arg(name="")]
+"""A TrainConfig's fields as top-level flags (``--batch-size``, ``--model.name``)."""
+
+
+def _entry(base: TrainConfig | None) -> Callable[..., TrainConfig]:
+    """What tyro calls. A function, not the class itself: tyro turns a ValueError raised while
+    building a class it was given into a usage message and an exit, and a ConfigError must
+    reach the caller (the ``flow`` command prints it as one line, a workflow fails early)."""
+    if base is None:
+
+        def build(config: _Flags) -> TrainConfig:
+            return config
+
+        return build
+
+    def build_on(config: _Flags = base) -> TrainConfig:
+        return config
+
+    return build_on
+
+
+def parse_args(
+    argv: Sequence[str],
+    *,
+    base: TrainConfig | None = None,
+    prog: str = "python -m trainers train",
+) -> TrainConfig:
+    """A TrainConfig from a command line: ``--config FILE`` first (or ``base``), then flags.
+
+    Flags override the file; ``--help`` lists every setting with its docstring. Unknown flags
+    and values of the wrong type exit with a usage message; a setting a config refuses
+    (``__post_init__``) raises ConfigError naming the flag.
+    """
+    path, rest = _split_config(argv)
+    default = load_config(path) if path is not None else base
+    return tyro.cli(_entry(default), args=rest, prog=prog, description=_DESCRIPTION)
+
+
+_DESCRIPTION = (
+    "Train a CTR model on handoff channels (one process per rank). Settings come from "
+    "--config FILE (JSON) and then the flags below."
+)

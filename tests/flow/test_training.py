@@ -1,0 +1,138 @@
+"""The trainer's one configuration: a generated command line, JSON files, namespace defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flow.config import StackConfig
+from flow.errors import ConfigError
+from flow.storage import namespace_locations
+from flow.training import (
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+    load_config,
+    parse_args,
+    save_config,
+)
+from tests.support import stack_env_for
+
+
+def test_short_flags_and_the_generated_long_ones_give_the_same_config() -> None:
+    short = parse_args(
+        ["--channel", "backfill", "--channel", "live", "--model", "deepfm", "--lr", "0.01",
+         "--embedding-dim", "8", "--cowclip", "--mix", "backfill", "1", "live", "3"]
+    )  # fmt: skip
+    long = parse_args(
+        ["--channels", "backfill", "--channels", "live", "--model.name", "deepfm",
+         "--optim.lr", "0.01", "--model.embedding-dim", "8", "--optim.cowclip",
+         "--mix", "backfill", "1", "live", "3"]
+    )  # fmt: skip
+    assert short == long
+    assert short.channels == ("backfill", "live")
+    assert short.model == ModelConfig("deepfm", embedding_dim=8)
+    assert short.optim == OptimConfig(lr=0.01, cowclip=True)
+    assert short.mix == {"backfill": 1.0, "live": 3.0}
+
+
+def test_a_config_file_is_read_and_flags_override_it(tmp_path: Path) -> None:
+    file = save_config(TrainConfig(channels=("live",), batch_size=256), tmp_path / "run.json")
+    config = parse_args(["--config", str(file), "--batch-size", "512", "--no-tracking"])
+    assert config == TrainConfig(channels=("live",), batch_size=512, tracking=False)
+    assert parse_args([f"--config={file}"]).batch_size == 256
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    channels=st.lists(st.sampled_from(["a", "b", "live"]), min_size=1, max_size=3, unique=True),
+    model=st.sampled_from(["deepfm", "dlrm", "wide_deep"]),
+    hidden=st.lists(st.integers(1, 512), min_size=1, max_size=3),
+    lr=st.floats(1e-5, 1.0),
+    bf16=st.sampled_from([None, True, False]),
+    checkpoints=st.sampled_from([None, "/tmp/ckpt"]),
+)
+def test_a_config_survives_its_json_file(
+    channels: list[str],
+    model: str,
+    hidden: list[int],
+    lr: float,
+    bf16: bool | None,
+    checkpoints: str | None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    config = TrainConfig(
+        channels=tuple(channels),
+        model=ModelConfig(model, hidden=tuple(hidden)),  # type: ignore[arg-type]
+        optim=OptimConfig(lr=lr),
+        mix=dict.fromkeys(channels, 1.0),
+        bf16=bf16,
+        checkpoint_dir=Path(checkpoints) if checkpoints else None,
+    )
+    path = save_config(config, tmp_path_factory.mktemp("cfg") / "run.json")
+    assert load_config(path) == config
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"channels": ["a"], "batch_sise": 3}, r"'batch_sise'; did you mean 'batch_size'\?"),
+        ({"channels": ["a"], "model": {"nmae": "dlrm"}}, r"run.json.model: unknown setting 'nmae'"),
+        ({"channels": ["a"], "model": {"name": "bert"}}, r"model.name: Input should be"),
+        ({"channels": ["a"], "batch_size": 1}, "batch size and window"),
+        ({"channels": []}, "name at least one channel"),
+    ],
+)  # fmt: skip
+def test_a_bad_config_file_names_the_setting(
+    tmp_path: Path, data: dict[str, object], message: str
+) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_a_missing_or_broken_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "absent.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        parse_args(["--config", str(tmp_path / "bad.json")])
+
+
+def test_a_refused_setting_raises_config_error_not_a_usage_exit() -> None:
+    with pytest.raises(ConfigError, match=r"--holdout-share 1\.5"):
+        parse_args(["--channel", "a", "--holdout-share", "1.5"])
+
+
+def test_the_namespace_decides_the_handoff_and_checkpoints(tmp_path: Path) -> None:
+    stack = StackConfig.from_env(stack_env_for(tmp_path))
+    config = TrainConfig(channels=("backfill", "live"), namespace="ctr").resolved(stack)
+    assert config.location == f"{stack.handoff}/ctr"
+    assert config.checkpoint_dir == stack.checkpoints / "ctr" / "trainer" / "backfill-live"
+    given = TrainConfig(channels=("x",), handoff="/data/h", checkpoint_dir=tmp_path).resolved(stack)
+    assert (given.handoff, given.checkpoint_dir) == ("/data/h", tmp_path)
+    with pytest.raises(ConfigError, match="not set"):
+        _ = TrainConfig(channels=("x",)).location
+
+
+def test_a_namespace_goes_into_the_path_of_a_uri_with_options(tmp_path: Path) -> None:
+    query = "region=us-east-1&endpoint_override=127.0.0.1:9&scheme=http"
+    env = stack_env_for(tmp_path) | {
+        "FLOW_HANDOFF": f"s3://lake/handoff?{query}",
+        "FLOW_FEATURE_STATE": f"s3://lake/state/?{query}",
+    }
+    stack = StackConfig.from_env(env)
+    where = namespace_locations(stack, "ctr")
+    assert where.handoff.uri == f"s3://lake/handoff/ctr?{query}"
+    assert where.handoff.path == "lake/handoff/ctr"
+    assert where.feature_state.uri == f"s3://lake/state/ctr?{query}"
+    assert where.checkpoints.path == str(stack.checkpoints / "ctr")
+    trainer = TrainConfig(channels=("live",), namespace="ctr").resolved(stack)
+    assert trainer.location == f"s3://lake/handoff/ctr?{query}"
+    with pytest.raises(ConfigError, match="plain name"):
+        namespace_locations(stack, "a/b")
