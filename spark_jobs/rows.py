@@ -11,6 +11,7 @@ from flow.handoff import Channel
 from flow.pipeline.features import FeatureSpec
 from flow.pipeline.model import HandoffOutput, Pipeline
 from flow.pipeline.state import FeatureState, layout
+from flow.storage import namespace_locations
 from spark_jobs.handoff import ExportOptions
 from spark_jobs.validate import REASON
 
@@ -36,7 +37,7 @@ def channel_for(stack: StackConfig, pipeline: Pipeline, channel: str) -> Channel
     """The handoff channel a stage writes: ``$FLOW_HANDOFF/<namespace>/<channel>`` by default."""
     output = pipeline.output
     root = (output.location if isinstance(output, HandoffOutput) else None) or (
-        f"{stack.handoff.rstrip('/')}/{pipeline.namespace}"
+        namespace_locations(stack, pipeline.namespace).handoff.uri
     )
     return Channel(root, channel)
 

@@ -89,7 +89,7 @@ def convert(
     """Write a Spark DataFrame to the handoff (a fresh folder under $FLOW_HANDOFF by default)."""
     stack = stack or StackConfig.from_env()
     owned = location is None
-    where = location or f"{stack.handoff.rstrip('/')}/_converted/{uuid.uuid4().hex[:12]}"
+    where = location or open_location(stack.handoff).child("_converted", uuid.uuid4().hex[:12]).uri
     facts = load_engine("spark").export_dataframe(
         frame,
         where,

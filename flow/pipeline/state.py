@@ -25,7 +25,7 @@ from flow.pipeline.features import (
     Vocabulary,
     feature_name,
 )
-from flow.storage import Location, location
+from flow.storage import Location, namespace_locations
 
 __all__ = ["FeatureState", "Layout", "layout", "states_location"]
 
@@ -34,7 +34,7 @@ _LATEST = "LATEST"
 
 def states_location(stack: StackConfig, namespace: str) -> Location:
     """Where the fitted states of a pipeline namespace live (one folder per spec inside)."""
-    return location(stack.feature_state).child(namespace)
+    return namespace_locations(stack, namespace).feature_state
 
 
 @dataclass(frozen=True)
