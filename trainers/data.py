@@ -18,7 +18,9 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
+
+from flow.errors import ConfigError
 
 __all__ = ["HandoffDataset", "pack_columns", "to_tensors"]
 
@@ -111,9 +113,11 @@ class HandoffDataset(IterableDataset[dict[str, torch.Tensor]]):
     """A reader's batches as dicts of tensors, for ``DataLoader(dataset, batch_size=None)``.
 
     The reader already forms, shuffles and balances batches: give the DataLoader
-    ``batch_size=None`` and no workers (a worker process would need a rank of its own). Its
-    cursor is the reader's: ``state_dict()`` goes into a checkpoint, ``load_state_dict()``
-    continues from it.
+    ``batch_size=None`` and no workers. Worker processes are refused: each would get a copy of
+    the reader and read the rank's whole share again (every row ``num_workers`` times), and the
+    cursor of the copies would never reach a checkpoint. The reader decodes on threads of its
+    own instead (``ReadOptions.threads``). Its cursor is the reader's: ``state_dict()`` goes into
+    a checkpoint, ``load_state_dict()`` continues from it.
     """
 
     def __init__(
@@ -127,6 +131,14 @@ class HandoffDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.transform = transform
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        worker = get_worker_info()
+        if worker is not None:
+            raise ConfigError(
+                f"HandoffDataset runs in the training process, not in DataLoader worker "
+                f"{worker.id} of {worker.num_workers}: each worker would read every row again. "
+                "Use DataLoader(dataset, batch_size=None, num_workers=0); for more decoding "
+                "threads set ReadOptions(threads=N)"
+            )
         for batch in self.reader:
             tensors = to_tensors(batch, self.columns)
             yield self.transform(tensors) if self.transform else tensors

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from flow.errors import ConfigError
 from flow.handoff import Channel, ChannelReader, Commit, ReadOptions
 from trainers.data import HandoffDataset, to_tensors
 
@@ -63,3 +64,16 @@ def test_a_dataloader_over_a_channel_yields_every_row_once(tmp_path: Path) -> No
     seen = [int(x) for b in DataLoader(dataset, batch_size=None) for x in b["sparse"][:, 0]]
     assert sorted(seen) == list(range(1000))
     assert dataset.state_dict()["epoch"] == 1
+
+
+def test_dataloader_workers_are_refused_rather_than_reading_every_row_again(
+    tmp_path: Path,
+) -> None:
+    channel = Channel(str(tmp_path), "c")
+    channel.create(SCHEMA, num_buckets=2)
+    shards = tuple(channel.write_bucket(0, b, table(100, start=b * 100), f"t{b}") for b in range(2))
+    channel.add_commit(Commit("c", 0, shards, channel.meta().fingerprint))
+    reader = ChannelReader(str(tmp_path), "c", options=ReadOptions(batch_size=16))
+    loader = DataLoader(HandoffDataset(reader), batch_size=None, num_workers=1)
+    with pytest.raises(ConfigError, match=r"num_workers=0.*ReadOptions\(threads=N\)"):
+        next(iter(loader))
