@@ -18,6 +18,13 @@ from flow.handoff import Channel, ChannelReader, ReadOptions, WindowSlice, World
 __all__ = ["LazyReader"]
 
 _UNOPENED = "unopened"
+POLL_S = 0.5
+"""Seconds between looks for a channel that does not exist yet."""
+
+
+def pause(seconds: float) -> None:
+    """How a lazy reader waits for its channel (a module function, so tests replace it)."""
+    time.sleep(seconds)
 
 
 class LazyReader:
@@ -45,7 +52,7 @@ class LazyReader:
     def _open(self) -> ChannelReader:
         deadline = time.monotonic() + self.wait_s
         while not Channel(self.where, self.name).exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
+            pause(POLL_S)
         reader = ChannelReader(self.where, self.name, world=self.world, options=self.options)
         layout = reader.channel.meta().layout
         if self.layout is not None and layout != self.layout:

@@ -281,9 +281,14 @@ class Channel:
         return freed
 
     def wait_for_room(
-        self, progress: Callable[[str], None] = lambda _: None, poll: float = 1.0
+        self,
+        progress: Callable[[str], None] = lambda _: None,
+        poll: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> float:
-        """Block while unread bytes exceed the channel's bound (backpressure); seconds waited."""
+        """Block while unread bytes exceed the channel's bound (backpressure); seconds waited.
+
+        ``sleep`` pauses between looks (tests pass one that lets the consumer catch up)."""
         bound = self.meta().max_unconsumed_bytes
         if bound is None:
             return 0.0
@@ -302,4 +307,4 @@ class Channel:
                     f"{bound / 1e6:,.0f} MB; waiting for consumers"
                 )
                 last_said = time.monotonic()
-            time.sleep(poll)
+            sleep(poll)

@@ -14,12 +14,10 @@ needs commits that retention has already deleted.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +25,8 @@ import pyarrow as pa
 from flow.errors import ConfigError
 from flow.handoff.channel import Channel, ConsumerPosition
 from flow.handoff.format import Commit
+from flow.handoff.materialize import NO_REFS, Materializer
+from flow.handoff.options import ReadOptions, ReadStats
 from flow.handoff.plan import (
     BatchPlan,
     RankPlanner,
@@ -40,8 +40,7 @@ from flow.handoff.plan import (
     rank_totals,
     targets,
 )
-from flow.handoff.shards import read_shard
-from flow.handoff.slices import WindowRows, WindowSlice, one_batch
+from flow.handoff.slices import WindowSlice
 
 __all__ = ["ChannelReader", "ReadOptions", "ReadStats"]
 
@@ -53,76 +52,6 @@ class _Rows(Protocol):
 
 T = TypeVar("T", bound=_Rows)
 """What a reader yields: record batches, or window slices."""
-_NO_REFS = np.empty((0, 3), dtype=np.int64)
-_SAMPLE = 16  # one batch in this many is measured for shuffle quality
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    """How a rank reads a channel."""
-
-    batch_size: int = 4096
-    window_rows: int | None = None
-    """Rows permuted together (default 16 batches). Memory is bounded by this, not the data."""
-    shuffle: bool = True
-    seed: int = 0
-    follow: bool = False
-    """Keep reading new commits as they land; end when the channel is closed."""
-    poll_interval: float = 0.05
-    """Seconds between looks for new commits while following."""
-    verify: bool = True
-    """Check every shard's checksum (XXH3, ~15 GB/s) before reading it."""
-    consumer_group: str | None = None
-    """Record this rank's position under this name, for retention and backpressure."""
-    record_every: float = 5.0
-    prefetch: int = 2
-    """Windows' worth of rows whose shards are opened (read, checked, decompressed) ahead of use
-    by background threads; 0: none. Memory grows by up to this many windows of rows."""
-    threads: int = 2
-    """Threads that open shards ahead of use. pyarrow releases the GIL while it reads, checks
-    and decompresses, so each thread can use a core: a GPU trainer reading millions of rows a
-    second wants several (see docs/benchmarks.md, "The GPU path")."""
-    after_commit: int = -1
-    """Read only the commits after this batch id (e.g. what arrived since the last training)."""
-    buckets: frozenset[int] | None = None
-    """Read only these buckets (a held-out slice, say); None: all of them. Every rank of a world
-    gets an equal share of the chosen buckets' rows, as with all of them."""
-
-    def __post_init__(self) -> None:
-        if self.buckets is not None and self.consumer_group is not None:
-            raise ConfigError(
-                "a reader of some buckets cannot record consumption for retention (the rest "
-                "would count as unread, or as read); leave consumer_group unset with buckets"
-            )
-        if self.threads < 1:
-            raise ConfigError(f"threads={self.threads}: give 1 or more decoding threads")
-        if self.window_rows is not None and self.window_rows <= self.batch_size:
-            raise ConfigError(
-                f"window_rows={self.window_rows} must exceed batch_size={self.batch_size}"
-            )
-
-    @property
-    def window(self) -> int:
-        return self.window_rows or 16 * self.batch_size
-
-
-@dataclass
-class ReadStats:
-    """What a reader has done so far: progress and shuffle quality."""
-
-    batches: int = 0
-    rows: int = 0
-    shards_opened: int = 0
-    distinct_shards: int = 0
-    """Sum, over sampled batches, of the number of shards a batch's rows came from."""
-    sampled: int = 0
-    undelivered: int = 0
-    """Rows a closed channel left that no batch could take without unbalancing the ranks."""
-
-    @property
-    def shards_per_batch(self) -> float:
-        """Shuffle quality: distinct source shards in a batch, on average."""
-        return self.distinct_shards / self.sampled if self.sampled else 0.0
 
 
 @dataclass
@@ -137,205 +66,8 @@ class _Mark:
     """The planner's (windows, batches, carry) when the commit after ``after`` began."""
     window: int = 0
     """The window in progress (its ident); windows before it are done."""
-    carry: np.ndarray = field(default_factory=lambda: _NO_REFS)
+    carry: np.ndarray = field(default_factory=lambda: NO_REFS)
     """References (commit, shard, row) of the rows carried into that window."""
-
-
-class _Materializer:
-    """Turns windows into record batches; keeps only the shards still needed open.
-
-    Shards are opened in the order the plan will use them, ``ahead_rows`` of them ahead, by two
-    background threads: pyarrow releases the GIL while it reads and decompresses, so decoding
-    the next shards overlaps gathering the current window. (One thread left the gather waiting
-    for shards: two read ~20 % faster on two cores, measured with ``flow bench handoff``.)
-    The bound is in rows, not shards: a window of streaming micro-batches' small shards draws on
-    dozens of them, and a bound of 8 shards left the gather waiting for most of each window's.
-    """
-
-    def __init__(
-        self,
-        channel: Channel,
-        options: ReadOptions,
-        stats: ReadStats,
-        *,
-        epoch: int,
-        map_files: bool,
-    ) -> None:
-        self.channel = channel
-        self.epoch = epoch
-        self.verify = options.verify
-        self.map_files = map_files
-        self.stats = stats
-        self.ahead_rows = ahead_rows = options.prefetch * options.window
-        self.commits: dict[int, Commit] = {}
-        self._open: dict[tuple[int, int], pa.Table] = {}
-        self._remaining: dict[tuple[int, int], int] = {}
-        self._coming: deque[tuple[int, int]] = deque()
-        self._loading: dict[tuple[int, int], Future[pa.Table]] = {}
-        self._loading_rows = 0
-        self._pool = (
-            ThreadPoolExecutor(options.threads, thread_name_prefix="handoff-prefetch")
-            if ahead_rows
-            else None
-        )
-        self.carry: pa.Table | None = None
-        self.carry_refs = _NO_REFS
-
-    def close(self) -> None:
-        if self._pool is not None:
-            for future in self._loading.values():
-                future.cancel()
-            self._pool.shutdown(wait=True)
-
-    def expect(self, commit: Commit, spans: list[Span]) -> None:
-        self.commits[commit.batch_id] = commit
-        for span in spans:
-            key = (span.commit, span.index)
-            if key not in self._remaining:
-                self._coming.append(key)
-            self._remaining[key] = self._remaining.get(key, 0) + span.rows
-        self._fill()
-
-    def _load(self, key: tuple[int, int]) -> pa.Table:
-        commit, index = key
-        if commit not in self.commits:
-            self.commits[commit] = self.channel.commit(commit)
-        shard = self.commits[commit].shards[index]
-        return read_shard(
-            self.channel.folder, shard, verify=self.verify, commit=commit, map_file=self.map_files
-        )
-
-    def _fill(self) -> None:
-        if self._pool is None:
-            return
-        # Open shards (the current window's) are not counted: only those decoded ahead of use.
-        while self._coming and (not self._loading or self._loading_rows < self.ahead_rows):
-            key = self._coming.popleft()
-            if key not in self._open and key not in self._loading and key in self._remaining:
-                self._loading[key] = self._pool.submit(self._load, key)
-                self._loading_rows += self._rows(key)
-
-    def _rows(self, key: tuple[int, int]) -> int:
-        return self.commits[key[0]].shards[key[1]].rows
-
-    def _shard(self, commit: int, index: int) -> pa.Table:
-        key = (commit, index)
-        table = self._open.get(key)
-        if table is None:
-            future = self._loading.pop(key, None)
-            if future is not None:
-                self._loading_rows -= self._rows(key)
-            table = future.result() if future is not None else self._load(key)
-            self._open[key] = table
-            self.stats.shards_opened += 1
-            self._fill()
-        return table
-
-    def skip(self, window: Window) -> None:
-        """A window read before the cursor was taken: account its rows, read nothing."""
-        for span in window.spans:
-            self._used(span)
-
-    def _used(self, span: Span) -> None:
-        key = (span.commit, span.index)
-        self._remaining[key] = self._remaining.get(key, 0) - span.rows
-        if self._remaining[key] <= 0:
-            self._open.pop(key, None)
-            self._remaining.pop(key, None)
-            future = self._loading.pop(key, None)
-            if future is not None:  # skipped (read before a resumed cursor) on its way in
-                future.cancel()
-                self._loading_rows -= self._rows(key)
-            self._fill()
-
-    def restore_carry(self, refs: np.ndarray) -> None:
-        """Carried rows again, read back from their references (after a resume)."""
-        parts = [self._shard(int(c), int(i)).slice(int(r), 1) for c, i, r in refs]
-        self.carry = pa.concat_tables(parts).combine_chunks() if parts else None
-        self.carry_refs = refs
-        for key in [k for k in self._open if k not in self._remaining]:
-            del self._open[key]  # opened only for the carried rows
-
-    def window(self, window: Window, batches: list[BatchPlan]) -> list[pa.RecordBatch]:
-        """The window's batches, gathered here; what it leaves is carried into the next one."""
-        rows = self._rows_of(window, batches)
-        if rows is None:
-            return []
-        # Shuffled: one gather of the window. In order: batches are slices of the shards, and
-        # only a batch that straddles two of them is copied.
-        ordered = (
-            rows.table.take(pa.array(rows.order)).combine_chunks() if window.shuffle else rows.table
-        )
-        end = batches[-1].stop if batches else 0
-        self.carry = ordered.slice(end).combine_chunks() if end < ordered.num_rows else None
-        return [one_batch(ordered.slice(plan.start, plan.rows)) for plan in batches]
-
-    def window_slices(self, window: Window, batches: list[BatchPlan]) -> list[WindowSlice]:
-        """The window's batches as ranges of its unpermuted rows, for the consumer to gather.
-
-        Only the carried rows (fewer than a batch and a row) are gathered here, in the order
-        :meth:`window` carries them, so the next window is the same either way.
-        """
-        rows = self._rows_of(window, batches)
-        if rows is None:
-            return []
-        end = batches[-1].stop if batches else 0
-        left = rows.order[end:]
-        self.carry = rows.table.take(pa.array(left)).combine_chunks() if len(left) else None
-        return [WindowSlice(rows, plan.start, plan.stop) for plan in batches]
-
-    def _rows_of(self, window: Window, batches: list[BatchPlan]) -> WindowRows | None:
-        """The window's rows unpermuted (carried rows first) and its order; None when empty.
-
-        Records shuffle quality for sampled batches and the references of the rows the window
-        will carry, and releases the shards the window used up.
-        """
-        parts: list[pa.Table] = []
-        bounds = [0]
-        meta: list[tuple[int, int, int]] = []  # per part: commit, shard, first row (-1: carry)
-        if window.carry and self.carry is not None:
-            parts.append(self.carry)
-            bounds.append(self.carry.num_rows)
-            meta.append((-1, -1, -1))
-        for span in window.spans:
-            parts.append(self._shard(span.commit, span.index).slice(span.start, span.rows))
-            bounds.append(bounds[-1] + span.rows)
-            meta.append((span.commit, span.index, span.start))
-        for span in window.spans:
-            self._used(span)
-        if not parts:
-            self.carry, self.carry_refs = None, _NO_REFS
-            return None
-        table = pa.concat_tables(parts)
-        order = window.permutation()
-        starts = np.asarray(bounds)
-        info = np.asarray(meta, dtype=np.int64)
-
-        def part_of(first: int, stop: int | None = None) -> np.ndarray:
-            """The part each of the permuted rows ``[first, stop)`` comes from."""
-            return np.searchsorted(starts, order[first:stop], side="right") - 1
-
-        shard_ids = np.unique(info[:, :2], axis=0, return_inverse=True)[1].reshape(-1)
-        for plan in batches:
-            if plan.ordinal % _SAMPLE == 0:  # shuffle quality, sampled: unique() is not free
-                self.stats.sampled += 1
-                self.stats.distinct_shards += len(
-                    np.unique(shard_ids[part_of(plan.start, plan.stop)])
-                )
-        end = batches[-1].stop if batches else 0
-        self.carry_refs = self._refs(order[end:], part_of(end), starts, info)
-        key = (self.channel.name, self.epoch, window.ident)
-        return WindowRows(table, order, window.shuffle, key)
-
-    def _refs(
-        self, positions: np.ndarray, parts: np.ndarray, starts: np.ndarray, info: np.ndarray
-    ) -> np.ndarray:
-        """(commit, shard, row) of the rows at ``positions`` of the window."""
-        offsets = positions - starts[parts]
-        refs = np.column_stack([info[parts, 0], info[parts, 1], info[parts, 2] + offsets])
-        from_carry = info[parts, 0] < 0
-        refs[from_carry] = self.carry_refs[offsets[from_carry]]
-        return refs
 
 
 class ChannelReader:
@@ -354,8 +86,11 @@ class ChannelReader:
         world: World | None = None,
         options: ReadOptions | None = None,
         expected_schema: pa.Schema | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.channel = Channel(where, channel)
+        self.sleep = sleep
+        """How a following reader pauses between looks for new commits (tests pass their own)."""
         self.world = world or World()
         self.options = options or ReadOptions()
         if self.options.batch_size < 2:
@@ -482,108 +217,148 @@ class ChannelReader:
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         """One epoch's batches (see the class docstring), gathered on the host."""
-        return self._iterate(_Materializer.window)
+        return self._iterate(Materializer.window)
 
     def slices(self) -> Iterator[WindowSlice]:
         """The same batches as iterating, as ranges of their shuffle windows, left ungathered
         (see :mod:`flow.handoff.slices`): for a trainer that permutes rows on its GPU. The
         cursor after each slice is the cursor after the batch it stands for."""
-        return self._iterate(_Materializer.window_slices)
+        return self._iterate(Materializer.window_slices)
 
     def _iterate(
-        self, cut: Callable[[_Materializer, Window, list[BatchPlan]], list[T]]
+        self, cut: Callable[[Materializer, Window, list[BatchPlan]], list[T]]
     ) -> Iterator[T]:
-        options, world = self.options, self.world
-        self._start_epoch()
+        # A generator, so nothing is opened (threads, shards) until the first batch is asked for.
+        yield from _EpochWalk(self, cut)
+
+
+class _EpochWalk(Generic[T]):
+    """One epoch of one rank, commit after commit.
+
+    Each commit's spans are planned (the next commit's ahead of time, so its shards are decoded
+    while this one's last windows are gathered), cut into windows and batches, and the batches a
+    loaded cursor has already delivered are skipped. The reader's cursor (``_mark``) is moved at
+    each commit and window; following, the walk waits for commits until the channel closes.
+    """
+
+    def __init__(
+        self,
+        reader: ChannelReader,
+        cut: Callable[[Materializer, Window, list[BatchPlan]], list[T]],
+    ) -> None:
+        self.reader = reader
+        self.cut = cut
+        options, world = reader.options, reader.world
+        reader._start_epoch()
         sizes = (
-            batch_sizes(self._totals, world.rank, options.batch_size)
-            if self._totals is not None
+            batch_sizes(reader._totals, world.rank, options.batch_size)
+            if reader._totals is not None
             else None
         )
-        planner = RankPlanner(
+        self.planner = RankPlanner(
             world.rank,
             options.batch_size,
             options.window,
             options.seed,
-            self.epoch,
+            reader.epoch,
             sizes=sizes,
             shuffle=options.shuffle,
         )
-        mark = self._mark
-        planner.restore(mark.counters)
-        before = list(mark.before or [0] * world.world_size)
-        materializer = _Materializer(
-            self.channel, options, self.stats, epoch=self.epoch, map_files=self._uncompressed
+        self.start = reader._mark
+        """The cursor the walk began at: windows before its window were read already."""
+        self.planner.restore(self.start.counters)
+        self.before = list(self.start.before or [0] * world.world_size)
+        self.after = self.start.after
+        self.resume_window: int | None = self.start.window
+        self.ahead: dict[int, tuple[Commit, list[Span]]] = {}
+        self.materializer = Materializer(
+            reader.channel,
+            options,
+            reader.stats,
+            epoch=reader.epoch,
+            map_files=reader._uncompressed,
         )
-        resume_window: int | None = mark.window
-        self._record(mark.after, force=True)
 
-        def run(windows: Iterator[tuple[Window, list[BatchPlan]]]) -> Iterator[T]:
-            """Materialize and yield windows, picking up where a loaded cursor left off."""
-            nonlocal resume_window
-            for window, plans in windows:
-                if resume_window is not None:
-                    if window.ident < resume_window:
-                        materializer.skip(window)  # read before the cursor was taken
-                        continue
-                    materializer.restore_carry(mark.carry)
-                    resume_window = None
-                self._mark.window, self._mark.carry = window.ident, materializer.carry_refs
-                for plan, batch in zip(plans, cut(materializer, window, plans), strict=True):
-                    if plan.ordinal < self.position:
-                        continue  # yielded before the cursor was taken
-                    self.position = plan.ordinal + 1
-                    self.stats.batches += 1
-                    self.stats.rows += batch.num_rows
-                    yield batch
-
-        def spans_of(commit: Commit, before: list[int]) -> list[Span]:
-            """This rank's spans of ``commit``, told to the materializer so it opens them."""
-            spans = assign(
-                self._refs(commit),
-                world.world_size,
-                before=before,
-                seed=options.seed,
-                epoch=self.epoch,
-            )[world.rank]
-            materializer.expect(commit, spans)
-            return spans
-
-        after = mark.after
-        ahead: dict[int, tuple[Commit, list[Span]]] = {}  # the next commit, planned early
+    def __iter__(self) -> Iterator[T]:
+        reader = self.reader
+        reader._record(self.after, force=True)
         try:
-            while True:
-                ids = self._next_commits(after)
-                if not ids:
-                    if not options.follow:
-                        break
-                    if self.channel.closed() and not self._next_commits(after):
-                        yield from run(planner.finish(before))
-                        break
-                    time.sleep(options.poll_interval)
-                    continue
-                for position, batch_id in enumerate(ids):
-                    planned = ahead.pop(batch_id, None)
-                    commit = planned[0] if planned else self.channel.commit(batch_id)
-                    counters = planner.counters()
-                    self._mark = _Mark(
-                        after, list(before), counters, counters[0], materializer.carry_refs
-                    )
-                    spans = planned[1] if planned else spans_of(commit, before)
-                    share = targets(commit.rows, before)
-                    before = [b + s for b, s in zip(before, share, strict=True)]
-                    if position + 1 < len(ids):
-                        # Without this, the next commit's first shards were decoded only once
-                        # its first window asked for them: at every commit the gather waited.
-                        upcoming = self.channel.commit(ids[position + 1])
-                        ahead[upcoming.batch_id] = (upcoming, spans_of(upcoming, before))
-                    yield from run(planner.add(spans))
-                    after = batch_id
-                    carried = materializer.carry_refs
-                    oldest = int(carried[:, 0].min()) if len(carried) else None
-                    self._record(after if oldest is None else min(after, oldest - 1))
+            yield from self._commits()
         finally:
-            materializer.close()
-        self.stats.undelivered = planner.undelivered
-        self._record(after, force=True)
-        self.set_epoch(self.epoch + 1)
+            self.materializer.close()
+        reader.stats.undelivered = self.planner.undelivered
+        reader._record(self.after, force=True)
+        reader.set_epoch(reader.epoch + 1)
+
+    def _commits(self) -> Iterator[T]:
+        """Every commit of the epoch; following, as they land, until the channel closes."""
+        reader, options = self.reader, self.reader.options
+        while True:
+            ids = reader._next_commits(self.after)
+            for position, batch_id in enumerate(ids):
+                upcoming = ids[position + 1] if position + 1 < len(ids) else None
+                yield from self._commit(batch_id, upcoming)
+            if ids:
+                continue
+            if not options.follow:
+                return
+            if reader.channel.closed() and not reader._next_commits(self.after):
+                yield from self._windows(self.planner.finish(self.before))
+                return
+            reader.sleep(options.poll_interval)
+
+    def _commit(self, batch_id: int, upcoming: int | None) -> Iterator[T]:
+        """One commit's batches; the cursor moves to its start first, past it after."""
+        reader, materializer = self.reader, self.materializer
+        planned = self.ahead.pop(batch_id, None)
+        commit = planned[0] if planned else reader.channel.commit(batch_id)
+        counters = self.planner.counters()
+        reader._mark = _Mark(
+            self.after, list(self.before), counters, counters[0], materializer.carry_refs
+        )
+        spans = planned[1] if planned else self._spans(commit)
+        share = targets(commit.rows, self.before)
+        self.before = [b + s for b, s in zip(self.before, share, strict=True)]
+        if upcoming is not None:
+            # Without this, the next commit's first shards were decoded only once its first
+            # window asked for them: at every commit the gather waited.
+            following = reader.channel.commit(upcoming)
+            self.ahead[upcoming] = (following, self._spans(following))
+        yield from self._windows(self.planner.add(spans))
+        self.after = batch_id
+        carried = materializer.carry_refs
+        oldest = int(carried[:, 0].min()) if len(carried) else None
+        reader._record(self.after if oldest is None else min(self.after, oldest - 1))
+
+    def _spans(self, commit: Commit) -> list[Span]:
+        """This rank's spans of ``commit`` (after the rows ``before`` it), told to the
+        materializer so it opens their shards."""
+        reader = self.reader
+        spans = assign(
+            reader._refs(commit),
+            reader.world.world_size,
+            before=self.before,
+            seed=reader.options.seed,
+            epoch=reader.epoch,
+        )[reader.world.rank]
+        self.materializer.expect(commit, spans)
+        return spans
+
+    def _windows(self, windows: Iterator[tuple[Window, list[BatchPlan]]]) -> Iterator[T]:
+        """Materialize and yield windows, picking up where a loaded cursor left off."""
+        reader, materializer = self.reader, self.materializer
+        for window, plans in windows:
+            if self.resume_window is not None:
+                if window.ident < self.resume_window:
+                    materializer.skip(window)  # read before the cursor was taken
+                    continue
+                materializer.restore_carry(self.start.carry)
+                self.resume_window = None
+            reader._mark.window, reader._mark.carry = window.ident, materializer.carry_refs
+            for plan, batch in zip(plans, self.cut(materializer, window, plans), strict=True):
+                if plan.ordinal < reader.position:
+                    continue  # yielded before the cursor was taken
+                reader.position = plan.ordinal + 1
+                reader.stats.batches += 1
+                reader.stats.rows += batch.num_rows
+                yield batch

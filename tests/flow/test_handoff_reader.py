@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import flow.handoff.reader as reader_module
+import flow.handoff.materialize as materialize_module
 import flow.handoff.shards as shards_module
 from flow.errors import (
     ChannelNotFoundError,
@@ -103,28 +102,26 @@ def test_background_decoding_changes_nothing(tmp_path: Path) -> None:
 def test_following_reads_commits_as_they_land_and_ends_when_closed(tmp_path: Path) -> None:
     w = Writer(tmp_path, "live", buckets=2)
     written: list[int] = []
-    reader = ChannelReader(str(tmp_path), "live", options=ReadOptions(batch_size=50, follow=True))
     got: list[int] = []
-    first_batch_at: list[float] = []
+    # What the producer does each time the reader finds nothing new and pauses.
+    producer = [
+        lambda: written.extend(w.commit([120, 80])),
+        lambda: written.extend(w.commit([33, 17])),
+        w.channel.close,
+    ]
+    read_when_paused: list[int] = []
 
-    def consume() -> None:
-        for batch in reader:
-            first_batch_at.append(time.monotonic())
-            got.extend(batch.column("id").to_pylist())
+    def pause(seconds: float) -> None:
+        assert seconds == 0.05  # the poll interval
+        read_when_paused.append(len(got))
+        producer.pop(0)()
 
-    thread = threading.Thread(target=consume)
-    thread.start()
-    time.sleep(0.3)
-    committed_at = time.monotonic()
-    written += w.commit([120, 80])
-    time.sleep(0.3)
-    written += w.commit([33, 17])
-    w.channel.close()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+    options = ReadOptions(batch_size=50, follow=True)
+    for batch in ChannelReader(str(tmp_path), "live", options=options, sleep=pause):
+        got.extend(batch.column("id").to_pylist())
+    assert not producer  # the reader waited for each commit and ended at the close
+    assert read_when_paused == [0, 200, 250]  # each commit's full batches before the next
     assert sorted(got) == written  # one rank: everything, including the last partial batch
-    # (how soon a commit's first batch arrives is measured by `flow bench handoff`, not here)
-    assert first_batch_at[0] > committed_at
 
 
 def test_the_next_commits_shards_are_decoded_while_this_ones_batches_are_read(
@@ -146,7 +143,7 @@ def test_the_next_commits_shards_are_decoded_while_this_ones_batches_are_read(
             next_commit_opened.set()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(reader_module, "read_shard", spy)
+    monkeypatch.setattr(materialize_module, "read_shard", spy)
     options = ReadOptions(batch_size=32, window_rows=128, shuffle=False, prefetch=8)
     batches = iter(ChannelReader(str(tmp_path), "c", options=options))
     first = next(batches)  # commit 0 has four windows: three are still to come
@@ -172,7 +169,7 @@ def test_prefetch_is_bounded_in_windows_of_rows_not_in_shards(
             two_windows.set()
         return real(channel, info, **kwargs)
 
-    monkeypatch.setattr(reader_module, "read_shard", spy)
+    monkeypatch.setattr(materialize_module, "read_shard", spy)
     options = ReadOptions(batch_size=32, window_rows=128, shuffle=False, prefetch=1)
     batches = iter(ChannelReader(str(tmp_path), "c", options=options))
     next(batches)
@@ -260,17 +257,18 @@ def test_retention_deletes_what_every_consumer_read_and_backpressure_waits(tmp_p
     iterator = iter(reader)
     assert next(iterator) is not None
     assert channel.unconsumed_bytes() > 1  # nothing fully read yet
-    waited: list[float] = []
-    blocker = threading.Thread(target=lambda: waited.append(channel.wait_for_room(poll=0.05)))
-    blocker.start()
-    time.sleep(0.3)
-    assert blocker.is_alive(), "the writer must wait while the consumer lags"
-    channel.close()
-    for _ in iterator:
-        pass
-    blocker.join(timeout=10)
-    assert waited
-    assert waited[0] > 0.2
+    unread_while_waiting: list[int] = []
+
+    def consumer_catches_up(_: float) -> None:
+        unread_while_waiting.append(channel.unconsumed_bytes())
+        channel.close()
+        for _batch in iterator:
+            pass
+
+    channel.wait_for_room(poll=0.05, sleep=consumer_catches_up)
+    assert len(unread_while_waiting) == 1  # the writer waited once, while the consumer lagged
+    assert unread_while_waiting[0] > 1
+    assert channel.unconsumed_bytes() == 0
     assert all(channel.retired(b) for b in channel.commit_ids())
     assert not list((tmp_path / "live" / "shards").rglob("*.arrow"))
 

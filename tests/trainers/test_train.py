@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from flow.handoff import Channel
 from flow.training import ModelConfig, OptimConfig, TrainConfig
 from tests.support import REPO
 from tests.trainers.channels import write
+from trainers import lazy
 from trainers.train import train
 
 
@@ -108,20 +108,23 @@ def test_two_ranks_under_torchrun_see_disjoint_equal_shares(tmp_path: Path) -> N
     assert len(set(ranks[0].tolist()) | set(ranks[1].tolist())) == total
 
 
-def test_channels_read_in_order_open_when_reached_even_if_created_later(tmp_path: Path) -> None:
+def test_channels_read_in_order_open_when_reached_even_if_created_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     history = write(tmp_path, "backfill", [2000])
     Channel(str(tmp_path), "backfill").close()
+    waited: list[float] = []
 
-    def live_arrives_later() -> None:
-        time.sleep(1.0)
+    def live_arrives(seconds: float) -> None:
+        # The trainer has read the history and waits for "live": its producer starts now.
+        waited.append(seconds)
         write(tmp_path, "live", [1000, 1000], seed=50)
         Channel(str(tmp_path), "live").close()
 
-    writer = threading.Thread(target=live_arrives_later)
-    writer.start()
+    monkeypatch.setattr(lazy, "pause", live_arrives)
     cfg = config(tmp_path, channels=("backfill", "live"), follow=True, wait_for_channels=60)
     result = train(cfg, say=lambda _: None)
-    writer.join()
+    assert waited == [lazy.POLL_S]  # it waited for the live channel, once
     assert result.rows == history + 2000
     assert set(result.by_channel) == {"backfill", "live"}
 
