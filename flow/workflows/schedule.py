@@ -15,9 +15,7 @@ Teams with a scheduler of their own run ``flow retrain`` from it instead (docs/s
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from croniter import CroniterBadDateError, croniter
+from filelock import FileLock, Timeout
 
 from flow.errors import ConfigError
 
@@ -104,20 +103,21 @@ class Cron:
 
 @contextmanager
 def exclusive(lock: Path) -> Iterator[bool]:
-    """Whether this process holds ``lock`` (an flock, released when the process ends)."""
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        handle.write(str(os.getpid()))
-        handle.flush()
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """Whether this process got ``lock``; never waits (a busy pipeline's run is skipped).
+
+    The lock is an OS file lock (``filelock``), so it is released when its holder ends, even by
+    a crash: a stale lock file never blocks the next run.
+    """
+    held = FileLock(lock, blocking=False)
+    try:
+        held.acquire()
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        held.release()
 
 
 class Scheduler:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -130,3 +132,29 @@ def test_the_lock_is_held_by_one_holder_at_a_time(tmp_path: Path) -> None:
             assert not second
     with exclusive(lock) as again:
         assert again
+
+
+def test_a_run_in_another_process_holds_the_lock_until_it_ends(tmp_path: Path) -> None:
+    lock = tmp_path / "retrain.lock"
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_LOCK, str(lock)], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == "held"
+            with exclusive(lock) as mine:
+                assert not mine
+        finally:
+            holder.kill()  # even a killed holder lets go: the OS releases its lock
+    with exclusive(lock) as mine:
+        assert mine
+
+
+HOLD_THE_LOCK = """
+import sys, time
+from pathlib import Path
+from flow.workflows.schedule import exclusive
+with exclusive(Path(sys.argv[1])) as mine:
+    print("held" if mine else "busy", flush=True)
+    time.sleep(300)
+"""
