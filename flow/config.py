@@ -6,6 +6,12 @@ folder ``FLOW_HOME`` (default ``./.flow``): a Kafka broker, an Iceberg SQL catal
 MLflow server, all on 127.0.0.1. Set the variables to point the same code at production services
 (see ``docker/compose.yaml``). A ``FLOW_*`` variable this module does not know is an error, so a
 typo never silently falls back to a default.
+
+The variables are read by pydantic-settings (:class:`_Environment`, one typed field per variable)
+rather than by hand: the names, types, defaults and "empty means unset" are declared once, and the
+same declaration yields :data:`ENV_VARS`. What stays ours is what users see: every validation
+error becomes a :class:`ConfigError` that names the variable and the fix, and the settings that
+depend on each other are checked in :meth:`StackConfig.from_env` and the configs it builds.
 """
 
 from __future__ import annotations
@@ -15,7 +21,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasGenerator, BeforeValidator, Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from flow import versions
 from flow.errors import ConfigError
@@ -31,72 +46,180 @@ __all__ = [
 
 LOOPBACK = "127.0.0.1"
 
-#: Every variable :meth:`StackConfig.from_env` reads, with what it sets.
-ENV_VARS: Mapping[str, str] = {
-    "FLOW_HOME": "state folder of the local stack (default ./.flow)",
-    "FLOW_JAR_CACHE": "where resolved JVM jars are kept (default $FLOW_HOME/jars)",
-    "FLOW_MAVEN_REPO": f"Maven repository to resolve jars from (default {versions.MAVEN_CENTRAL})",
-    "FLOW_OFFLINE": "1 to never contact the Maven repository (jars must be resolved already)",
-    "FLOW_KAFKA_BOOTSTRAP": "bootstrap servers of an external Kafka (unset: the local broker)",
-    "FLOW_KAFKA_PORT": "port of the local broker (default 19092)",
-    "FLOW_KAFKA_CONTROLLER_PORT": "port of the local broker's KRaft controller (default 19093)",
-    "FLOW_KAFKA_HEAP": "JVM heap of the local broker, e.g. 512m (default 512m)",
-    "FLOW_CATALOG_NAME": "Iceberg catalog name shared by pyiceberg and Spark (default flow)",
-    "FLOW_CATALOG_TYPE": "sql (local SQLite catalog, default) or rest",
-    "FLOW_CATALOG_URI": "catalog URI: a SQLite file path for sql, an http(s) URL for rest",
-    "FLOW_WAREHOUSE": "Iceberg warehouse location (default $FLOW_HOME/lake/warehouse)",
-    "FLOW_CATALOG_PROPERTIES": "extra catalog properties, comma-separated key=value pairs",
-    "FLOW_LAKE": "root of path-based Delta tables (default $FLOW_HOME/lake/delta)",
-    "FLOW_FEATURE_STATE": "where fitted feature states go, path or URI ($FLOW_HOME/feature-state)",
-    "FLOW_HANDOFF": "root of handoff locations, a path or URI (default $FLOW_HOME/handoff)",
-    "FLOW_MLFLOW_PORT": "port of the local MLflow server (default 15000)",
-    "MLFLOW_TRACKING_URI": "an external MLflow tracking server (unset: the local one)",
-    "FLOW_PARENT_RUN_ID": "an MLflow run that pipeline and trainer runs nest under",
-    "FLOW_SPARK_MASTER": "Spark master when not launched by spark-submit (default local[*])",
-    "FLOW_SPARK_DRIVER_MEMORY": "driver memory of local Spark sessions (default 2g)",
-}
 
-_MEMORY = re.compile(r"^[1-9][0-9]*[kKmMgG]$")
+@dataclass(frozen=True)
+class _Says:
+    """What a bad value of a variable says, by pydantic's error type.
+
+    Templates get ``variable`` (its name), ``value`` (the text it held) and ``reason`` (a
+    validator's own message).
+    """
+
+    messages: Mapping[str, str]
 
 
-def _port(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a port number; set it to 1024-65535") from None
-    if not 1024 <= value <= 65535:
-        raise ConfigError(f"{name}={value} is outside 1024-65535; choose an unprivileged port")
-    return value
-
-
-def _memory(env: Mapping[str, str], name: str, default: str) -> str:
-    value = env.get(name) or default
-    if not _MEMORY.match(value):
-        raise ConfigError(f"{name}={value!r} is not a JVM memory size; use e.g. 512m or 2g")
-    return value
-
-
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if raw in ("", "0", "false", "no"):
-        return False
-    if raw in ("1", "true", "yes"):
-        return True
-    raise ConfigError(f"{name}={raw!r} is not a flag; use 1 or 0")
-
-
-def _properties(env: Mapping[str, str], name: str) -> dict[str, str]:
-    raw = env.get(name, "").strip()
+def _key_values(raw: object) -> object:
+    if not isinstance(raw, str):
+        return raw
     props: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in raw.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"{name}: {item!r} is not key=value; write e.g. s3.endpoint=http://x")
+            raise ValueError(f"{item!r} is not key=value; write e.g. s3.endpoint=http://x")
         props[key.strip()] = value.strip()
     return props
+
+
+_OUTSIDE = "{variable}={value} is outside 1024-65535; choose an unprivileged port"
+_Port = Annotated[
+    int,
+    Field(ge=1024, le=65535),
+    _Says(
+        {
+            "int_parsing": "{variable}={value!r} is not a port number; set it to 1024-65535",
+            "greater_than_equal": _OUTSIDE,
+            "less_than_equal": _OUTSIDE,
+        }
+    ),
+]
+_NOT_MEMORY = "{variable}={value!r} is not a JVM memory size; use e.g. 512m or 2g"
+_Memory = Annotated[
+    str, Field(pattern=r"^[1-9][0-9]*[kKmMgG]$"), _Says({"string_pattern_mismatch": _NOT_MEMORY})
+]
+_Flag = Annotated[bool, _Says({"bool_parsing": "{variable}={value!r} is not a flag; use 1 or 0"})]
+_CatalogType = Annotated[
+    Literal["sql", "rest"], _Says({"literal_error": "{variable}={value!r}; use sql or rest"})
+]
+# NoDecode: pydantic-settings would read a dict-typed variable as JSON; ours is k=v,k=v.
+_Properties = Annotated[
+    dict[str, str],
+    NoDecode,
+    BeforeValidator(_key_values),
+    _Says({"value_error": "{variable}: {reason}"}),
+]
+
+
+class _Environment(BaseSettings):
+    """One field per variable; its docstring is the variable's line in :data:`ENV_VARS`."""
+
+    model_config = SettingsConfigDict(
+        # FLOW_KAFKA_PORT for kafka_port, exactly: a lower-case flow_kafka_port is not ours.
+        alias_generator=AliasGenerator(validation_alias=lambda name: f"FLOW_{name.upper()}"),
+        case_sensitive=True,
+        # `FLOW_LAKE= flow run ...` (set but empty) means the default, as it always has.
+        env_ignore_empty=True,
+        use_attribute_docstrings=True,
+        frozen=True,
+    )
+
+    home: Path = Path(".flow")
+    """state folder of the local stack (default ./.flow)"""
+    jar_cache: Path | None = None
+    """where resolved JVM jars are kept (default $FLOW_HOME/jars)"""
+    maven_repo: str = versions.MAVEN_CENTRAL
+    """Maven repository to resolve jars from (default Maven Central)"""
+    offline: _Flag = False
+    """1 to never contact the Maven repository (jars must be resolved already)"""
+    kafka_bootstrap: str | None = None
+    """bootstrap servers of an external Kafka (unset: the local broker)"""
+    kafka_port: _Port = 19092
+    """port of the local broker (default 19092)"""
+    kafka_controller_port: _Port = 19093
+    """port of the local broker's KRaft controller (default 19093)"""
+    kafka_heap: _Memory = "512m"
+    """JVM heap of the local broker, e.g. 512m (default 512m)"""
+    catalog_name: str = "flow"
+    """Iceberg catalog name shared by pyiceberg and Spark (default flow)"""
+    catalog_type: _CatalogType = "sql"
+    """sql (local SQLite catalog, default) or rest"""
+    catalog_uri: str | None = None
+    """catalog URI: a SQLite file path for sql, an http(s) URL for rest"""
+    warehouse: str | None = None
+    """Iceberg warehouse location (default $FLOW_HOME/lake/warehouse)"""
+    catalog_properties: _Properties = {}
+    """extra catalog properties, comma-separated key=value pairs"""
+    lake: Path | None = None
+    """root of path-based Delta tables (default $FLOW_HOME/lake/delta)"""
+    feature_state: str | None = None
+    """where fitted feature states go, path or URI ($FLOW_HOME/feature-state)"""
+    handoff: str | None = None
+    """root of handoff locations, a path or URI (default $FLOW_HOME/handoff)"""
+    mlflow_port: _Port = 15000
+    """port of the local MLflow server (default 15000)"""
+    mlflow_tracking_uri: str | None = Field(None, validation_alias="MLFLOW_TRACKING_URI")
+    """an external MLflow tracking server (unset: the local one)"""
+    # Read where runs start (flow.tracking), not here; declared so that it is a known variable.
+    parent_run_id: str | None = None
+    """an MLflow run that pipeline and trainer runs nest under"""
+    spark_master: str = "local[*]"
+    """Spark master when not launched by spark-submit (default local[*])"""
+    spark_driver_memory: _Memory = "2g"
+    """driver memory of local Spark sessions (default 2g)"""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only what read() hands over, from the mapping it was given: no .env file, no secrets
+        # folder, and no os.environ behind a test's explicit dict.
+        return (init_settings,)
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str]) -> _Environment:
+        """The settings in ``environ``; a :class:`ConfigError` naming each bad variable."""
+        try:
+            return cls(**_MappingSource(cls, environ)())
+        except ValidationError as exc:
+            raise _config_error(exc) from exc
+
+
+class _MappingSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping rather than os.environ."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # The hook pydantic-settings' own sources (AWS, Azure, GCP) override to read elsewhere.
+        return {k: v for k, v in self._environ.items() if not (self.env_ignore_empty and v == "")}
+
+
+def _variable(name: str) -> str:
+    return str(_Environment.model_fields[name].validation_alias)
+
+
+#: Every variable :meth:`StackConfig.from_env` reads, with what it sets.
+ENV_VARS: Mapping[str, str] = {
+    _variable(name): info.description or "" for name, info in _Environment.model_fields.items()
+}
+_FIELD_OF = {_variable(name): name for name in _Environment.model_fields}
+
+
+def _config_error(error: ValidationError) -> ConfigError:
+    """pydantic's report as our message: each bad variable by name, with what to write."""
+    lines = []
+    for problem in error.errors():
+        name = _FIELD_OF.get(str(problem["loc"][0]), str(problem["loc"][0]))
+        says = next(
+            (m for m in _Environment.model_fields[name].metadata if isinstance(m, _Says)),
+            _Says({}),
+        )
+        context: Mapping[str, Any] = problem.get("ctx") or {}
+        template = says.messages.get(problem["type"], "{variable}={value!r}: {reason}")
+        lines.append(
+            template.format(
+                variable=_variable(name),
+                value=problem["input"],
+                reason=context.get("error", problem["msg"]),
+            )
+        )
+    return ConfigError("\n".join(lines))
 
 
 @dataclass(frozen=True)
@@ -228,58 +351,53 @@ class StackConfig:
             raise ConfigError(
                 f"unknown setting(s) {', '.join(unknown)}; Primus Flow reads: {known}"
             )
+        settings = _Environment.read(env)
 
-        home = Path(env.get("FLOW_HOME") or ".flow").expanduser().resolve()
-        jar_cache = Path(env.get("FLOW_JAR_CACHE") or home / "jars").expanduser().resolve()
-        maven_repo = env.get("FLOW_MAVEN_REPO") or versions.MAVEN_CENTRAL
+        home = settings.home.expanduser().resolve()
+        jar_cache = (settings.jar_cache or home / "jars").expanduser().resolve()
+        maven_repo = settings.maven_repo
         if not maven_repo.endswith("/"):
             maven_repo += "/"
 
-        kafka_port = _port(env, "FLOW_KAFKA_PORT", 19092)
-        external_kafka = env.get("FLOW_KAFKA_BOOTSTRAP", "")
+        external_kafka = settings.kafka_bootstrap or ""
         kafka = KafkaConfig(
-            bootstrap_servers=external_kafka or f"{LOOPBACK}:{kafka_port}",
+            bootstrap_servers=external_kafka or f"{LOOPBACK}:{settings.kafka_port}",
             managed=not external_kafka,
-            port=kafka_port,
-            controller_port=_port(env, "FLOW_KAFKA_CONTROLLER_PORT", 19093),
-            heap=_memory(env, "FLOW_KAFKA_HEAP", "512m"),
+            port=settings.kafka_port,
+            controller_port=settings.kafka_controller_port,
+            heap=settings.kafka_heap,
         )
 
-        catalog_type = env.get("FLOW_CATALOG_TYPE") or "sql"
-        if catalog_type not in ("sql", "rest"):
-            raise ConfigError(f"FLOW_CATALOG_TYPE={catalog_type!r}; use sql or rest")
         lake_root = home / "lake"
-        if catalog_type == "sql":
-            uri = str(Path(env.get("FLOW_CATALOG_URI") or lake_root / "catalog.db").resolve())
+        if settings.catalog_type == "sql":
+            uri = str(Path(settings.catalog_uri or lake_root / "catalog.db").resolve())
         else:
-            uri = env.get("FLOW_CATALOG_URI", "")
+            uri = settings.catalog_uri or ""
             if not uri:
                 raise ConfigError("FLOW_CATALOG_TYPE=rest needs FLOW_CATALOG_URI (the server URL)")
-        warehouse = env.get("FLOW_WAREHOUSE") or (lake_root / "warehouse").as_uri()
+        warehouse = settings.warehouse or (lake_root / "warehouse").as_uri()
         if "://" not in warehouse:
             warehouse = Path(warehouse).resolve().as_uri()
         catalog = CatalogConfig(
-            name=env.get("FLOW_CATALOG_NAME") or "flow",
-            type="sql" if catalog_type == "sql" else "rest",
+            name=settings.catalog_name,
+            type=settings.catalog_type,
             uri=uri,
             warehouse=warehouse,
-            properties=_properties(env, "FLOW_CATALOG_PROPERTIES"),
+            properties=settings.catalog_properties,
         )
 
-        mlflow_port = _port(env, "FLOW_MLFLOW_PORT", 15000)
-        external_mlflow = env.get("MLFLOW_TRACKING_URI", "")
+        external_mlflow = settings.mlflow_tracking_uri or ""
         mlflow_dir = home / "services" / "mlflow"
         mlflow = MlflowConfig(
-            tracking_uri=external_mlflow or f"http://{LOOPBACK}:{mlflow_port}",
+            tracking_uri=external_mlflow or f"http://{LOOPBACK}:{settings.mlflow_port}",
             managed=not external_mlflow,
-            port=mlflow_port,
+            port=settings.mlflow_port,
             backend_store=mlflow_dir / "mlflow.db",
             artifacts=mlflow_dir / "artifacts",
         )
 
         spark = SparkConfig(
-            master=env.get("FLOW_SPARK_MASTER") or "local[*]",
-            driver_memory=_memory(env, "FLOW_SPARK_DRIVER_MEMORY", "2g"),
+            master=settings.spark_master, driver_memory=settings.spark_driver_memory
         )
         ports = [kafka.port, kafka.controller_port] if kafka.managed else []
         if mlflow.managed:
@@ -293,12 +411,12 @@ class StackConfig:
             home=home,
             jar_cache=jar_cache,
             maven_repo=maven_repo,
-            offline=_flag(env, "FLOW_OFFLINE"),
+            offline=settings.offline,
             kafka=kafka,
             catalog=catalog,
             mlflow=mlflow,
             spark=spark,
-            lake=Path(env.get("FLOW_LAKE") or lake_root / "delta").expanduser().resolve(),
-            feature_state=env.get("FLOW_FEATURE_STATE") or str(home / "feature-state"),
-            handoff=env.get("FLOW_HANDOFF") or str(home / "handoff"),
+            lake=(settings.lake or lake_root / "delta").expanduser().resolve(),
+            feature_state=settings.feature_state or str(home / "feature-state"),
+            handoff=settings.handoff or str(home / "handoff"),
         )

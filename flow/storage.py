@@ -70,17 +70,20 @@ class Location:
         if self.exists():
             self.fs.delete_dir(self.path)
 
-    def list(self, suffix: str = "") -> list[str]:
-        """Names of the files in this folder ending with ``suffix``, sorted; [] if none."""
+    def list(self, suffix: str = "", *, folders: bool = False) -> list[str]:
+        """Names in this folder ending with ``suffix``, sorted; [] if the folder does not exist.
+
+        Files, or with ``folders`` the sub-folders. Names starting with "." are left out: they
+        are files being written (see :meth:`write_bytes`) or not ours.
+        """
         if not self.exists():
             return []
+        wanted = pafs.FileType.Directory if folders else pafs.FileType.File
         infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=False))
         return sorted(
             i.base_name
             for i in infos
-            if i.type == pafs.FileType.File
-            and i.base_name.endswith(suffix)
-            and not i.base_name.startswith(".")
+            if i.type == wanted and i.base_name.endswith(suffix) and not i.base_name.startswith(".")
         )
 
     def __str__(self) -> str:

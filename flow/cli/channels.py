@@ -90,10 +90,9 @@ def ls(where: str | None) -> None:
 
     if where is None:
         root = location(stack_config().handoff)
-        spaces = list_channels(root)  # a root may itself hold channels
-        places = [root] if spaces else []
-        if root.exists():
-            places += [root.child(n) for n in _folders(root) if list_channels(root.child(n))]
+        places = [root] if list_channels(root) else []  # a root may itself hold channels
+        namespaces = (root.child(name) for name in root.list(folders=True))
+        places += [space for space in namespaces if list_channels(space)]
         if not places:
             console.print(f"no handoff channels under {escape(str(root))}")
             return
@@ -116,13 +115,6 @@ def ls(where: str | None) -> None:
                 str(s.groups),
             )
         console.print(table)
-
-
-def _folders(root: Location) -> list[str]:
-    from pyarrow import fs as pafs
-
-    infos = root.fs.get_file_info(pafs.FileSelector(root.path, recursive=False))
-    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
 
 @handoff.command("show")

@@ -40,14 +40,7 @@ def _as_location(where: str | Location) -> Location:
 
 def list_channels(where: str | Location) -> list[str]:
     root = _as_location(where)
-    if not root.exists():
-        return []
-    infos = root.fs.get_file_info(pafs.FileSelector(root.path, recursive=False))
-    return sorted(
-        i.base_name
-        for i in infos
-        if i.type == pafs.FileType.Directory and root.child(i.base_name).exists(CHANNEL_FILE)
-    )
+    return [name for name in root.list(folders=True) if root.child(name).exists(CHANNEL_FILE)]
 
 
 def describe_schema_difference(expected: pa.Schema, actual: pa.Schema) -> str:
@@ -237,14 +230,9 @@ class Channel:
         """Every consumer group's ranks, as last recorded."""
         groups: dict[str, list[ConsumerPosition]] = {}
         folder = self.folder.child(CONSUMERS)
-        if not folder.exists():
-            return groups
-        infos = folder.fs.get_file_info(pafs.FileSelector(folder.path, recursive=False))
-        for info in infos:
-            if info.type != pafs.FileType.Directory:
-                continue
-            group = folder.child(info.base_name)
-            groups[info.base_name] = [
+        for name in folder.list(folders=True):
+            group = folder.child(name)
+            groups[name] = [
                 ConsumerPosition(**json.loads(group.read_bytes(n))) for n in group.list(".json")
             ]
         return groups

@@ -8,11 +8,12 @@ configured as external (``FLOW_KAFKA_BOOTSTRAP``, ``FLOW_CATALOG_TYPE=rest``,
 
 from __future__ import annotations
 
+from filelock import FileLock
+
 from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.stack.broker import KafkaService
 from flow.stack.mlflow_server import MlflowService
-from flow.stack.process import file_lock
 from flow.stack.service import Progress, Service, ServiceStatus
 from flow.stack.sql_catalog import CatalogService
 
@@ -40,13 +41,14 @@ def up(
     stack: StackConfig, only: tuple[str, ...] = (), progress: Progress = _noop
 ) -> list[ServiceStatus]:
     """Start what is not running; harmless when everything already is."""
-    with file_lock(stack.services_dir / ".lock"):
+    # Two `flow services up` at once would both find the broker stopped and start it twice.
+    with FileLock(stack.services_dir / ".lock"):
         return [service.up(progress) for service in local_services(stack, only)]
 
 
 def down(stack: StackConfig, only: tuple[str, ...] = ()) -> list[ServiceStatus]:
     """Stop the managed services and every process they started."""
-    with file_lock(stack.services_dir / ".lock"):
+    with FileLock(stack.services_dir / ".lock"):
         return [service.down() for service in reversed(local_services(stack, only))][::-1]
 
 

@@ -17,11 +17,10 @@ from flow.errors import ServiceError, ServiceStartError
 from flow.stack import jars, process
 from flow.stack.java import find_java
 from flow.stack.kafka import broker_answers
-from flow.stack.service import Progress, ServiceStatus
+from flow.stack.service import Launch, ManagedService, Progress
 
 __all__ = ["KafkaService"]
 
-_START_TIMEOUT_S = 90.0
 _ROTATE_LOG_BYTES = 50 * 1024 * 1024
 
 
@@ -38,107 +37,73 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
-class KafkaService:
+class KafkaService(ManagedService):
     """``flow services`` for the broker."""
 
     name = "kafka"
+    title = "the Kafka broker"
+    noun = "broker"
+    starts = "a KRaft broker"
+    start_timeout_s = 90.0
+    # Kafka shuts down cleanly on SIGTERM (flushes logs, leaves the quorum) in a few s.
+    stop_timeout_s = 30.0
 
     def __init__(self, stack: StackConfig) -> None:
+        folder = stack.services_dir / "kafka"
+        super().__init__(folder, folder / "broker.log")
         self.stack = stack
         self.config = stack.kafka
-        self.dir = stack.services_dir / "kafka"
         self.data = self.dir / "data"
-        self.record_path = self.dir / "process.json"
-        self.log = self.dir / "broker.log"
 
     @property
     def address(self) -> str:
         return self.config.bootstrap_servers
 
-    # -- status ------------------------------------------------------------------------------
+    @property
+    def managed(self) -> bool:
+        return self.config.managed
 
-    def status(self) -> ServiceStatus:
-        if not self.config.managed:
-            answers = broker_answers(self.config, timeout=3.0)
-            detail = f"{answers} broker(s) answer" if answers else "does not answer"
-            return ServiceStatus(self.name, "external", self.address, detail=detail)
-        record = process.ProcessRecord.load(self.record_path)
-        if record is None:
-            return ServiceStatus(self.name, "stopped", self.address)
-        if not process.alive(record):
-            return ServiceStatus(
-                self.name,
-                "dead",
-                self.address,
-                record.pid,
-                f"pid {record.pid} is gone without `flow services down`; see {self.log}",
-            )
-        if process.port_open(LOOPBACK, self.config.port) and broker_answers(self.config):
-            return ServiceStatus(self.name, "running", self.address, record.pid)
-        return ServiceStatus(
-            self.name, "unresponsive", self.address, record.pid, f"not answering; see {self.log}"
+    def answers(self, timeout: float) -> bool:
+        # The port first: a metadata request to a closed port takes the whole timeout.
+        return (
+            process.port_open(LOOPBACK, self.config.port)
+            and broker_answers(self.config, timeout=timeout) is not None
         )
 
-    # -- up ----------------------------------------------------------------------------------
+    def external_detail(self) -> str:
+        answers = broker_answers(self.config, timeout=3.0)
+        return f"{answers} broker(s) answer" if answers else "does not answer"
 
-    def up(self, progress: Progress) -> ServiceStatus:
-        current = self.status()
-        if current.state in ("running", "external"):
-            return current
-        record = process.ProcessRecord.load(self.record_path)
-        if current.state == "unresponsive" and record is not None:
-            progress(f"kafka: pid {record.pid} is alive but not answering yet; waiting")
-            self._wait(record, progress)
-            return self.status()
-        if current.state == "dead":
-            progress(f"kafka: the previous broker (pid {current.pid}) had died; starting a new one")
-            self.record_path.unlink(missing_ok=True)
-
-        for port, setting in (
+    def ports(self) -> list[tuple[int, str]]:
+        return [
             (self.config.port, "FLOW_KAFKA_PORT"),
             (self.config.controller_port, "FLOW_KAFKA_CONTROLLER_PORT"),
-        ):
-            process.ensure_port_free(LOOPBACK, port, setting, "the Kafka broker")
+        ]
+
+    def prepare(self, progress: Progress) -> Launch:
         java = find_java()
         resolved = jars.resolve(
             "kafka", self.stack, progress=lambda f: progress(f"kafka: fetched {f}")
         )
-        self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "server.properties").write_text(self._server_properties())
         (self.dir / "log4j2.properties").write_text(_LOG4J2.format(level="INFO"))
         self._format_storage(str(java.executable), resolved.classpath, progress)
         self._rotate_log()
-
-        command = [
-            str(java.executable),
-            "-Xms128m",
-            f"-Xmx{self.config.heap}",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
-            "-cp",
-            resolved.classpath,
-            "kafka.Kafka",
-            str(self.dir / "server.properties"),
-        ]
-        progress(f"kafka: starting a KRaft broker on {self.address}")
-        record = process.spawn(command, self.log, cwd=self.dir)
-        record.save(self.record_path)
-        self._wait(record, progress)
-        return self.status()
-
-    def _wait(self, record: process.ProcessRecord, progress: Progress) -> None:
-        waited = process.wait_ready(
-            record,
-            lambda: (
-                process.port_open(LOOPBACK, self.config.port)
-                and broker_answers(self.config, timeout=1.0) is not None
-            ),
-            service=f"the Kafka broker on {self.address}",
-            timeout=_START_TIMEOUT_S,
+        return Launch(
+            [
+                str(java.executable),
+                "-Xms128m",
+                f"-Xmx{self.config.heap}",
+                "-XX:+UseG1GC",
+                "-XX:MaxGCPauseMillis=20",
+                "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+                "-cp",
+                resolved.classpath,
+                "kafka.Kafka",
+                str(self.dir / "server.properties"),
+            ]
         )
-        progress(f"kafka: broker answers after {waited:.1f}s")
 
     def _server_properties(self) -> str:
         controller = f"{LOOPBACK}:{self.config.controller_port}"
@@ -213,18 +178,6 @@ class KafkaService:
     def _rotate_log(self) -> None:
         if self.log.exists() and self.log.stat().st_size > _ROTATE_LOG_BYTES:
             self.log.replace(self.log.with_suffix(".log.1"))
-
-    # -- down --------------------------------------------------------------------------------
-
-    def down(self) -> ServiceStatus:
-        if not self.config.managed:
-            return self.status()
-        record = process.ProcessRecord.load(self.record_path)
-        if record is not None:
-            # Kafka shuts down cleanly on SIGTERM (flushes logs, leaves the quorum) in a few s.
-            process.stop(record, timeout=30.0)
-            self.record_path.unlink(missing_ok=True)
-        return ServiceStatus(self.name, "stopped", self.address)
 
 
 _LOG4J2 = """\

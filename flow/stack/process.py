@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,7 +27,6 @@ __all__ = [
     "ProcessRecord",
     "alive",
     "ensure_port_free",
-    "file_lock",
     "log_tail",
     "port_open",
     "spawn",
@@ -215,17 +214,3 @@ def _group_members(pgid: int) -> list[psutil.Process]:
             if os.getpgid(proc.pid) == pgid:
                 members.append(proc)
     return members
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock, so two ``flow services up`` never start a service twice."""
-    import fcntl  # POSIX only, like the rest of the local stack.
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -5,108 +5,119 @@ day-of-week, local time). Runs never overlap: the loop waits for a run to end, a
 that passed meanwhile are skipped (logged), not queued. A failed run is logged and the schedule
 goes on. Every run is a line of JSON in ``$FLOW_HOME/schedule/<name>.jsonl``.
 
+Cron expressions are read by ``croniter`` rather than by a parser of our own: cron's rules have
+corners (a restricted day-of-month *or* day-of-week fires, not both; 7 is Sunday too; month
+ends and leap days) that a maintained implementation already gets right.
+
 Teams with a scheduler of their own run ``flow retrain`` from it instead (docs/scheduling.md):
 ``flow retrain`` holds a lock per pipeline, so even their overlapping triggers run one at a time.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
+
+from croniter import CroniterBadDateError, croniter
+from filelock import FileLock, Timeout
 
 from flow.errors import ConfigError
 
 __all__ = ["Cron", "Scheduler", "exclusive"]
 
-# Weekday 0 and 7 are both Sunday, as in crontab(5).
-_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day", 1, 31), ("month", 1, 12), ("weekday", 0, 7))
+# Each field: its name, its range and an example of it, for messages about a bad one.
+_FIELDS = (
+    ("minute", 0, 59, '"*/15 * * * *" (every 15 minutes)'),
+    ("hour", 0, 23, '"0 3 * * *" (03:00 every day)'),
+    ("day-of-month", 1, 31, '"0 3 1,15 * *" (03:00 on the 1st and the 15th)'),
+    ("month", 1, 12, '"0 3 1 */3 *" (03:00 on the first day of every quarter)'),
+    ("day-of-week", 0, 7, '"0 3 * * 1-5" (03:00 Monday to Friday; 0 and 7 are Sunday)'),
+)
 
 
-def _field(text: str, name: str, low: int, high: int) -> frozenset[int]:
-    values: set[int] = set()
-    for part in text.split(","):
-        base, _, step_text = part.partition("/")
-        step = int(step_text) if step_text else 1
-        if base == "*":
-            start, stop = low, high
-        elif "-" in base:
-            start, stop = (int(v) for v in base.split("-", 1))
-        else:
-            start = stop = int(base)
-        if not (low <= start <= stop <= high) or step < 1:
-            raise ConfigError(f"cron {name} {part!r} is outside {low}-{high}")
-        values.update(range(start, stop + 1, step))
-    return frozenset(v % 7 for v in values) if name == "weekday" else frozenset(values)
+def _bad_field(expression: str) -> str:
+    """Which field of a rejected five-field expression is wrong, and how to write it."""
+    parts = expression.split()
+    for index, (name, low, high, example) in enumerate(_FIELDS):
+        alone = " ".join(part if i == index else "*" for i, part in enumerate(parts))
+        if croniter.is_valid(alone):
+            continue
+        # Numbers before a step ("/") or an nth-weekday ("#") are values of the field.
+        values = (re.split("[/#]", item)[0] for item in parts[index].split(","))
+        numbers = [int(n) for value in values for n in re.findall(r"\d+", value)]
+        problem = (
+            f"is outside {low}-{high}"
+            if any(not low <= n <= high for n in numbers)
+            else f"is not a {name} ({low}-{high}, a range a-b, a list a,b or a step */n)"
+        )
+        return f"the {name} field {parts[index]!r} {problem}; e.g. {example}"
+    return 'e.g. "0 3 * * *" for 03:00 every day'
 
 
 @dataclass(frozen=True)
 class Cron:
-    """A five-field cron expression: ``*/30 * * * *``, ``0 3 * * 1-5``, ``15 2,14 * * *``."""
+    """A five-field cron expression: ``*/30 * * * *``, ``0 3 * * 1-5``, ``15 2,14 * * *``.
+
+    As in crontab(5), when both day-of-month and day-of-week are restricted a day matching
+    *either* fires: ``0 3 1 * 1`` runs on the 1st and on every Monday.
+    """
 
     expression: str
-    minute: frozenset[int]
-    hour: frozenset[int]
-    day: frozenset[int]
-    month: frozenset[int]
-    weekday: frozenset[int]
 
     @classmethod
     def parse(cls, expression: str) -> Cron:
-        parts = expression.split()
-        if len(parts) != 5:
+        """The expression, or a :class:`ConfigError` that names the bad field."""
+        if len(expression.split()) != 5:
+            # croniter also takes seconds and years (six or seven fields); crontab does not.
             raise ConfigError(
                 f"cron {expression!r} needs five fields (minute hour day month weekday), "
                 'e.g. "0 3 * * *" for 03:00 every day'
             )
-        try:
-            fields = [_field(p, *spec) for p, spec in zip(parts, _FIELDS, strict=True)]
-        except ValueError as exc:
-            raise ConfigError(f"cron {expression!r}: {exc}") from None
-        return cls(expression, *fields)
+        if not croniter.is_valid(expression):
+            raise ConfigError(f"cron {expression!r}: {_bad_field(expression)}")
+        cron = cls(expression)
+        cron.next_after(datetime.now())  # "0 0 30 2 *" is valid field by field, yet never fires
+        return cron
 
     def matches(self, moment: datetime) -> bool:
-        weekday = (moment.weekday() + 1) % 7  # cron: 0 is Sunday
-        return (
-            moment.minute in self.minute
-            and moment.hour in self.hour
-            and moment.day in self.day
-            and moment.month in self.month
-            and weekday in self.weekday
-        )
+        """Whether the cron fires in the minute of ``moment``."""
+        return bool(croniter.match(self.expression, moment))
 
     def next_after(self, moment: datetime) -> datetime:
         """The first matching minute strictly after ``moment``."""
-        candidate = moment.replace(second=0, microsecond=0) + timedelta(minutes=1)
-        for _ in range(366 * 24 * 60):
-            if self.matches(candidate):
-                return candidate
-            candidate += timedelta(minutes=1)
-        raise ConfigError(f"cron {self.expression!r} never matches within a year")
+        try:
+            following: datetime = croniter(self.expression, moment).get_next(datetime)
+        except CroniterBadDateError:
+            raise ConfigError(
+                f"cron {self.expression!r} never fires (no such date in the coming years); "
+                "check the day-of-month and month fields"
+            ) from None
+        return following
 
 
 @contextmanager
 def exclusive(lock: Path) -> Iterator[bool]:
-    """Whether this process holds ``lock`` (an flock, released when the process ends)."""
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        handle.write(str(os.getpid()))
-        handle.flush()
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """Whether this process got ``lock``; never waits (a busy pipeline's run is skipped).
+
+    The lock is an OS file lock (``filelock``), so it is released when its holder ends, even by
+    a crash: a stale lock file never blocks the next run.
+    """
+    held = FileLock(lock, blocking=False)
+    try:
+        held.acquire()
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        held.release()
 
 
 class Scheduler:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from flow.config import StackConfig
+from flow.config import ENV_VARS, StackConfig
 from flow.errors import ConfigError
 
 
@@ -77,3 +77,60 @@ def test_external_services_are_not_managed() -> None:
 def test_a_relative_warehouse_path_becomes_a_file_uri(tmp_path: Path) -> None:
     stack = StackConfig.from_env({"FLOW_WAREHOUSE": str(tmp_path / "wh")})
     assert stack.catalog.warehouse == (tmp_path / "wh").as_uri()
+
+
+def test_an_explicit_mapping_is_the_whole_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLOW_KAFKA_PORT", "not a port")
+    monkeypatch.setenv("FLOW_HOME", str(tmp_path / "from-os-environ"))
+    stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
+    assert stack.home == tmp_path.resolve()
+    assert stack.kafka.port == 19092
+
+
+def test_without_a_mapping_the_process_environment_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("FLOW_KAFKA_PORT", "20001")
+    monkeypatch.setenv("FLOW_OFFLINE", "true")
+    stack = StackConfig.from_env()
+    assert stack.home == tmp_path.resolve()
+    assert stack.kafka.bootstrap_servers == "127.0.0.1:20001"
+    assert stack.offline
+
+
+def test_an_empty_variable_means_its_default(tmp_path: Path) -> None:
+    stack = StackConfig.from_env(
+        {"FLOW_HOME": str(tmp_path), "FLOW_KAFKA_PORT": "", "FLOW_LAKE": "", "FLOW_OFFLINE": ""}
+    )
+    assert stack.kafka.port == 19092
+    assert stack.lake == tmp_path.resolve() / "lake" / "delta"
+    assert not stack.offline
+
+
+def test_every_bad_variable_is_named_in_one_config_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        StackConfig.from_env(
+            {"FLOW_OFFLINE": "maybe", "FLOW_MLFLOW_PORT": "99999", "FLOW_SPARK_DRIVER_MEMORY": "2"}
+        )
+    lines = str(caught.value).splitlines()
+    assert lines == [
+        "FLOW_OFFLINE='maybe' is not a flag; use 1 or 0",
+        "FLOW_MLFLOW_PORT=99999 is outside 1024-65535; choose an unprivileged port",
+        "FLOW_SPARK_DRIVER_MEMORY='2' is not a JVM memory size; use e.g. 512m or 2g",
+    ]
+
+
+def test_only_the_exact_variable_names_are_read(tmp_path: Path) -> None:
+    stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path), "flow_kafka_port": "20002"})
+    assert stack.kafka.port == 19092
+
+
+def test_every_variable_is_listed_with_what_it_sets() -> None:
+    assert "FLOW_KAFKA_PORT" in ENV_VARS
+    assert "MLFLOW_TRACKING_URI" in ENV_VARS
+    assert all(description for description in ENV_VARS.values())
