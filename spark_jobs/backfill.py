@@ -6,36 +6,28 @@ and its own earlier dead letters, so running it twice gives the same tables, not
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from functools import reduce
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from flow.config import StackConfig
 from flow.errors import ConfigError
-from flow.pipeline.model import BackfillStage, HandoffOutput, Pipeline
+from flow.handoff import Channel
+from flow.pipeline.model import BackfillStage, HandoffOutput, LabelJoin, Pipeline
 from flow.pipeline.sources import DeltaSource, IcebergSource, TableSource
-from flow.pipeline.state import FeatureState, states_location
+from flow.pipeline.state import FeatureState
 from spark_jobs.features import fit_state, training_rows
 from spark_jobs.handoff import export
-from spark_jobs.joins import enrich, label_batch
+from spark_jobs.joins import label_batch
 from spark_jobs.report import StageReport
-from spark_jobs.rows import (
-    channel_for,
-    dead_letter_table,
-    export_options,
-    split_unusable,
-    training_table,
-)
-from spark_jobs.sinks import DEAD_LETTER_SCHEMA, dead_letter_rows, ensure_table
+from spark_jobs.rows import channel_for, export_options, split_unusable, training_table
 from spark_jobs.sources import read_table
-from spark_jobs.validate import REASON, split, validate_table
+from spark_jobs.stage import Progress, StageRun, enriched, input_counts, positives
+from spark_jobs.validate import split, validate_table
 
 __all__ = ["run_backfill"]
-
-Progress = Callable[[str], None]
 
 
 def _table_source(pipeline: Pipeline, name: str) -> TableSource:
@@ -53,69 +45,200 @@ def _event_time(source: TableSource, name: str) -> str:
 
 def _counts(checked: DataFrame) -> tuple[int, int]:
     """(rows, invalid rows) of a validated frame, in one job."""
-    row = checked.agg(
-        F.count(F.lit(1)).alias("n"), F.sum((F.col(REASON) != "").cast("int")).alias("bad")
-    ).first()
+    row = checked.agg(*input_counts()).first()
     return (int(row["n"]), int(row["bad"] or 0)) if row else (0, 0)
 
 
-def _to_handoff(
-    training: DataFrame,
-    pipeline: Pipeline,
-    stage: BackfillStage,
-    stack: StackConfig,
-    state: FeatureState,
-    events: TableSource,
-    report: StageReport,
-    progress: Progress,
-) -> None:
-    """Commit the stage's rows to its channel, once per set of source snapshots.
+class BackfillRun(StageRun[BackfillStage]):
+    """One backfill: each phase runs once over the whole input, in the order ``run`` lists.
 
-    Running again over the same snapshots changes nothing. An incremental read
-    (``since_snapshot``) adds a commit; a full read of other snapshots is refused, since it
-    would add the rows already there a second time.
+    Phases add to ``dead`` (frames of dead letters, written together at the end) and ``cached``
+    (frames persisted for more than one job, released at the end).
     """
-    channel = channel_for(stack, pipeline, stage.channel)
-    report.table = channel.folder.uri
-    positions = dict(report.lineage)
-    ids = channel.commit_ids() if channel.exists() else []
-    for batch_id in ids:
-        earlier = channel.commit(batch_id)
-        if earlier.source_positions == positions:
-            report.training_rows = earlier.rows
-            report.positives = int(earlier.stats.get("positives", 0))
-            progress(f"{stage.name}: batch {batch_id} of {channel.name} already holds these rows")
-            return
-    incremental = isinstance(events, IcebergSource) and events.since_snapshot is not None
-    if ids and not incremental:
-        raise ConfigError(
-            f"channel {channel.name!r} in {channel.root} already holds a backfill of other "
-            f"snapshots ({channel.commit(ids[-1]).source_positions}); a full backfill would add "
-            "those rows again. Read incrementally (IcebergSource(since_snapshot=...)), or write "
-            "to a new channel or handoff location"
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        pipeline: Pipeline,
+        stage: BackfillStage,
+        stack: StackConfig,
+        state_version: str | None,
+        progress: Progress,
+    ) -> None:
+        super().__init__(spark, stack, pipeline, stage, "backfill", progress)
+        self.state_version = state_version
+        self.events = _table_source(pipeline, stage.events)
+        self.dead: list[DataFrame] = []
+        self.cached: list[DataFrame] = []
+
+    def run(self) -> tuple[StageReport, FeatureState]:
+        rows = self.read_events()
+        if self.stage.label is not None:
+            rows = self.label(rows, self.stage.label)
+        usable = self.usable(enriched(rows, self.stage.enrich, self.dimension))
+        state = self.fit_or_load(usable)
+        self.ensure_namespace()
+        training = training_rows(usable, self.stage.features, state)
+        if isinstance(self.pipeline.output, HandoffOutput):
+            self.to_handoff(training, state)
+        else:
+            self.to_table(training)
+        self.write_dead_letters()
+        for frame in self.cached:
+            frame.unpersist()
+        self.report.batches = 1
+        report = self.finish(
+            f"{self.stage.name}: {self.report.training_rows:,} training rows, "
+            f"{self.report.events_dead:,} dead letters -> {self.report.table}"
         )
-    batch_id = ids[-1] + 1 if ids else 0
-    training = training.persist()
-    positives = training.agg(F.sum("label")).first()
-    count = int(positives[0]) if positives is not None and positives[0] is not None else 0
-    options = export_options(pipeline, stage.features, state, events.event_time, seed=batch_id)
-    commit = export(
-        training,
-        channel,
-        batch_id,
-        options=options,
-        writer=f"{pipeline.name}.{stage.name}",
-        source_positions=positions,
-        stats={"positives": count},
-        progress=progress,
-    )
-    training.unpersist()
-    # A backfill is complete once committed: followers (a trainer reading the history before
-    # the live channel) end here rather than wait. Its next run reopens the channel.
-    channel.close()
-    if commit is not None:
-        report.training_rows = commit.rows
-        report.positives = count
+        return report, state
+
+    def _validated(
+        self, df: DataFrame, source: TableSource, name: str
+    ) -> tuple[DataFrame, int, int]:
+        """A source's valid rows, and (rows, invalid rows); the invalid ones become dead letters."""
+        checked = validate_table(df, source.fields, name).persist()
+        self.cached.append(checked)
+        valid, dead = split(checked, source.fields)
+        self.dead.append(dead)
+        return (valid, *_counts(checked))
+
+    def read_events(self) -> DataFrame:
+        read = read_table(self.spark, self.stack, self.events)
+        self.report.lineage[f"{self.stage.events}.snapshot_id"] = read.snapshot_id
+        rows, self.report.events_input, self.report.events_dead = self._validated(
+            read.df, self.events, self.stage.events
+        )
+        self.progress(
+            f"{self.stage.name}: read {self.report.events_input:,} {self.stage.events} rows "
+            f"from {read.table}"
+        )
+        return rows
+
+    def label(self, events: DataFrame, label: LabelJoin) -> DataFrame:
+        """The events with their labels (a batch join over the label source's table)."""
+        source = _table_source(self.pipeline, label.source)
+        read = read_table(self.spark, self.stack, source)
+        self.report.lineage[f"{label.source}.snapshot_id"] = read.snapshot_id
+        labels, self.report.labels_input, self.report.labels_dead = self._validated(
+            read.df, source, label.source
+        )
+        return label_batch(
+            events,
+            labels,
+            label,
+            _event_time(self.events, self.stage.events),
+            _event_time(source, label.source),
+        )
+
+    def dimension(self, name: str) -> DataFrame:
+        """A dimension table for enrichment, read once; its snapshot goes into the lineage."""
+        read = read_table(self.spark, self.stack, _table_source(self.pipeline, name))
+        self.report.lineage[f"{name}.snapshot_id"] = read.snapshot_id
+        return read.df
+
+    def usable(self, rows: DataFrame) -> DataFrame:
+        """The rows that can become training rows; the rest (no label, no weight) are dead."""
+        usable, unusable = split_unusable(rows, self.stage.features, self.stage.events)
+        usable = usable.persist()
+        self.cached.append(usable)
+        self.report.events_dead += unusable.count()
+        self.dead.append(unusable)
+        return usable
+
+    def fit_or_load(self, usable: DataFrame) -> FeatureState:
+        # A named feature state wins over fitting: an incremental retrain keeps the champion's
+        # layout (a refit could change vocabulary sizes, and with them the model's tables).
+        if not self.stage.fit or self.state_version is not None:
+            return self.load_state(self.state_version)
+        lineage = {"pipeline": self.pipeline.name, "stage": self.stage.name, **self.report.lineage}
+        state = fit_state(usable, self.stage.features, lineage)
+        saved = state.save(self.states)
+        self.progress(f"{self.stage.name}: fitted feature state {state.version} -> {saved}")
+        self.report.feature_state = state.version
+        return state
+
+    def to_handoff(self, training: DataFrame, state: FeatureState) -> None:
+        """Commit the stage's rows to its channel, once per set of source snapshots."""
+        channel = channel_for(self.stack, self.pipeline, self.stage.channel)
+        self.report.table = channel.folder.uri
+        positions = dict(self.report.lineage)
+        batch_id = self._next_batch(channel, positions)
+        if batch_id is None:
+            return
+        training = training.persist()
+        count = positives(training)
+        options = export_options(
+            self.pipeline, self.stage.features, state, self.events.event_time, seed=batch_id
+        )
+        commit = export(
+            training,
+            channel,
+            batch_id,
+            options=options,
+            writer=f"{self.pipeline.name}.{self.stage.name}",
+            source_positions=positions,
+            stats={"positives": count},
+            progress=self.progress,
+        )
+        training.unpersist()
+        # A backfill is complete once committed: followers (a trainer reading the history before
+        # the live channel) end here rather than wait. Its next run reopens the channel.
+        channel.close()
+        if commit is not None:
+            self.report.training_rows = commit.rows
+            self.report.positives = count
+
+    def _next_batch(self, channel: Channel, positions: dict[str, Any]) -> int | None:
+        """The batch id to commit these snapshots as; None if a commit of them exists already.
+
+        Running again over the same snapshots changes nothing (the report takes the earlier
+        commit's counts). An incremental read (``since_snapshot``) adds a commit; a full read of
+        other snapshots is refused, since it would add the rows already there a second time.
+        """
+        ids = channel.commit_ids() if channel.exists() else []
+        for batch_id in ids:
+            earlier = channel.commit(batch_id)
+            if earlier.source_positions == positions:
+                self.report.training_rows = earlier.rows
+                self.report.positives = int(earlier.stats.get("positives", 0))
+                self.progress(
+                    f"{self.stage.name}: batch {batch_id} of {channel.name} already holds "
+                    "these rows"
+                )
+                return None
+        incremental = (
+            isinstance(self.events, IcebergSource) and self.events.since_snapshot is not None
+        )
+        if ids and not incremental:
+            raise ConfigError(
+                f"channel {channel.name!r} in {channel.root} already holds a backfill of other "
+                f"snapshots ({channel.commit(ids[-1]).source_positions}); a full backfill would "
+                "add those rows again. Read incrementally (IcebergSource(since_snapshot=...)), or "
+                "write to a new channel or handoff location"
+            )
+        return ids[-1] + 1 if ids else 0
+
+    def to_table(self, training: DataFrame) -> None:
+        """Replace the channel's Iceberg table with the stage's rows."""
+        table = training_table(self.stack, self.pipeline, self.stage.channel)
+        self.report.table = table
+        training.writeTo(table).using("iceberg").createOrReplace()
+        written = (
+            self.spark.table(table)
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("label").alias("positives"))
+            .first()
+        )
+        self.report.training_rows = int(written["n"]) if written else 0
+        self.report.positives = int(written["positives"] or 0) if written else 0
+
+    def write_dead_letters(self) -> None:
+        table = self.open_dead_letters()
+        rows = self.dead_letters(reduce(DataFrame.unionByName, self.dead))
+        # A rerun replaces this stage's dead letters instead of adding a second copy.
+        rows.writeTo(table).overwrite(
+            (F.col("pipeline") == self.pipeline.name) & (F.col("stage") == self.stage.name)
+        )
 
 
 def run_backfill(
@@ -127,92 +250,5 @@ def run_backfill(
     feature_state: str | None = None,
     progress: Progress = lambda _: None,
 ) -> tuple[StageReport, FeatureState]:
-    started = time.monotonic()
-    spec = stage.features
-    report = StageReport(pipeline.name, stage.name, "backfill", stage.channel)
-    events_source = _table_source(pipeline, stage.events)
-    read = read_table(spark, stack, events_source)
-    report.lineage[f"{stage.events}.snapshot_id"] = read.snapshot_id
-    checked = validate_table(read.df, events_source.fields, stage.events).persist()
-    events, dead_events = split(checked, events_source.fields)
-    dead: list[DataFrame] = [dead_events]
-    report.events_input, report.events_dead = _counts(checked)
-    progress(f"{stage.name}: read {report.events_input:,} {stage.events} rows from {read.table}")
-
-    rows = events
-    label_checked = None
-    if stage.label is not None:
-        label_source = _table_source(pipeline, stage.label.source)
-        label_read = read_table(spark, stack, label_source)
-        report.lineage[f"{stage.label.source}.snapshot_id"] = label_read.snapshot_id
-        label_checked = validate_table(
-            label_read.df, label_source.fields, stage.label.source
-        ).persist()
-        labels, dead_labels = split(label_checked, label_source.fields)
-        dead.append(dead_labels)
-        report.labels_input, report.labels_dead = _counts(label_checked)
-        rows = label_batch(
-            rows,
-            labels,
-            stage.label,
-            _event_time(events_source, stage.events),
-            _event_time(label_source, stage.label.source),
-        )
-
-    for spec_enrich in stage.enrich:
-        dimension = read_table(spark, stack, _table_source(pipeline, spec_enrich.source))
-        report.lineage[f"{spec_enrich.source}.snapshot_id"] = dimension.snapshot_id
-        rows = enrich(rows, dimension.df, spec_enrich)
-
-    usable, unusable = split_unusable(rows, spec, stage.events)
-    usable = usable.persist()
-    unusable_count = unusable.count()
-    report.events_dead += unusable_count
-    dead.append(unusable)
-
-    states = states_location(stack, pipeline.namespace)
-    # A named feature state wins over fitting: an incremental retrain keeps the champion's
-    # layout (a refit could change vocabulary sizes, and with them the model's tables).
-    if stage.fit and feature_state is None:
-        state = fit_state(
-            usable, spec, {"pipeline": pipeline.name, "stage": stage.name, **report.lineage}
-        )
-        saved = state.save(states)
-        progress(f"{stage.name}: fitted feature state {state.version} -> {saved}")
-    else:
-        state = FeatureState.load(states, spec, feature_state)
-    report.feature_state = state.version
-
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {stack.catalog.name}.{pipeline.namespace}")
-    training = training_rows(usable, spec, state)
-    if isinstance(pipeline.output, HandoffOutput):
-        _to_handoff(training, pipeline, stage, stack, state, events_source, report, progress)
-    else:
-        table = training_table(stack, pipeline, stage.channel)
-        report.table = table
-        training.writeTo(table).using("iceberg").createOrReplace()
-        written = (
-            spark.table(table)
-            .agg(F.count(F.lit(1)).alias("n"), F.sum("label").alias("positives"))
-            .first()
-        )
-        report.training_rows = int(written["n"]) if written else 0
-        report.positives = int(written["positives"] or 0) if written else 0
-
-    dead_table = dead_letter_table(stack, pipeline)
-    ensure_table(spark, dead_table, DEAD_LETTER_SCHEMA, "stage")
-    all_dead = dead_letter_rows(reduce(DataFrame.unionByName, dead), pipeline.name, stage.name)
-    # A rerun replaces this stage's dead letters instead of adding a second copy.
-    all_dead.writeTo(dead_table).overwrite(
-        (F.col("pipeline") == pipeline.name) & (F.col("stage") == stage.name)
-    )
-    for frame in (checked, label_checked, usable):
-        if frame is not None:
-            frame.unpersist()
-    report.batches = 1
-    report.seconds = time.monotonic() - started
-    progress(
-        f"{stage.name}: {report.training_rows:,} training rows, "
-        f"{report.events_dead:,} dead letters -> {report.table}"
-    )
-    return report, state
+    """Run the stage once over its tables; ``feature_state`` names a state to use, not fit."""
+    return BackfillRun(spark, pipeline, stage, stack, feature_state, progress).run()

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -30,27 +31,21 @@ from flow.config import StackConfig
 from flow.errors import ConfigError, FlowError
 from flow.pipeline.model import LiveStage, Pipeline
 from flow.pipeline.run import RunOptions
-from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource
-from flow.pipeline.state import FeatureState, states_location
-from flow.stack.iceberg import open_catalog
+from flow.pipeline.sources import KafkaSource
+from flow.pipeline.state import FeatureState
+from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
-from spark_jobs.joins import enrich, label_stream
-from spark_jobs.outputs import training_sink
+from spark_jobs.joins import label_stream
+from spark_jobs.live_writers import BatchWriter, IntakeWriter, MainWriter
+from spark_jobs.outputs import TrainingSink, training_sink
 from spark_jobs.report import StageReport
-from spark_jobs.rows import dead_letter_table, split_unusable
-from spark_jobs.sinks import (
-    DEAD_LETTER_SCHEMA,
-    BatchLedger,
-    dead_letter_rows,
-    ensure_table,
-    writer_totals,
-)
-from spark_jobs.sources import read_kafka, read_table
+from spark_jobs.sinks import BatchLedger, writer_totals
+from spark_jobs.sources import read_kafka
+from spark_jobs.stage import Progress, StageRun
 from spark_jobs.validate import DEAD_LETTER_COLUMNS, REASON, parse_kafka
 
 __all__ = ["StreamFailedError", "run_live"]
 
-Progress = Callable[[str], None]
 OnBatch = Callable[[dict[str, float], int], None]
 
 
@@ -174,45 +169,199 @@ def _await(
     _poll(queries, watch, on_batch)
 
 
-class _Dimensions:
-    """Dimension tables for enrichment, re-read whenever they change.
+@dataclass(frozen=True)
+class _Outputs:
+    """Where a live run writes, and under which writer ids its commits are found again."""
 
-    Each micro-batch asks an Iceberg table's catalog for its current snapshot (one small read
-    through pyiceberg, not a Spark job); the rows are scanned again only when it changed, so an
-    update is seen at the next batch and an unchanged table costs no scan. Delta tables are
-    read every batch.
+    checkpoint: Path
+    writer: str
+    training: TrainingSink
+    dead_letters: str
+
+    @property
+    def intake_writer(self) -> str:
+        return f"{self.writer}/intake"
+
+    @property
+    def unusable_writer(self) -> str:
+        return f"{self.writer}/unusable"
+
+
+class LiveRun(StageRun[LiveStage]):
+    """One run of a live stage, its phases in the order ``run`` lists them.
+
+    What each query does per micro-batch is in :mod:`spark_jobs.live_writers`; waiting on the
+    queries and reading their progress is ``_await`` and ``_poll`` above.
     """
 
-    def __init__(self, spark: SparkSession, stack: StackConfig, pipeline: Pipeline) -> None:
-        self.spark, self.stack, self.pipeline = spark, stack, pipeline
-        self._catalog = open_catalog(stack.catalog)
-        self._cached: dict[str, tuple[int, DataFrame]] = {}
+    def __init__(
+        self,
+        spark: SparkSession,
+        pipeline: Pipeline,
+        stage: LiveStage,
+        stack: StackConfig,
+        options: RunOptions,
+        progress: Progress,
+        on_batch: OnBatch,
+        stop: Callable[[], bool],
+    ) -> None:
+        super().__init__(spark, stack, pipeline, stage, "live", progress)
+        self.options, self.on_batch, self.stop = options, on_batch, stop
+        self.events = _kafka(pipeline, stage.events)
+        self.labels = (stage.label, _kafka(pipeline, stage.label.source)) if stage.label else None
 
-    def _current(self, source: IcebergSource) -> int | None:
-        snapshot = self._catalog.load_table(source.table).current_snapshot()
-        return snapshot.snapshot_id if snapshot else None
+    @property
+    def sources(self) -> list[tuple[str, KafkaSource]]:
+        """The topics the stage reads, by source name: events, then labels."""
+        found = [(self.stage.events, self.events)]
+        if self.labels is not None:
+            found.append((self.labels[0].source, self.labels[1]))
+        return found
 
-    def get(self, name: str) -> DataFrame:
-        source = self.pipeline.sources[name]
-        if not isinstance(source, IcebergSource | DeltaSource):
-            raise ConfigError(f"enrich source {name!r} is not a table")
-        if not isinstance(source, IcebergSource):
-            return read_table(self.spark, self.stack, source).df
-        cached = self._cached.get(name)
-        if cached is not None and cached[0] == self._current(source):
-            return cached[1]
-        if cached is not None:
-            cached[1].unpersist()
-        read = read_table(self.spark, self.stack, source)
-        frame = read.df.persist()
-        if read.snapshot_id is not None:
-            self._cached[name] = (read.snapshot_id, frame)
-        return frame
+    def run(self) -> StageReport:
+        state = self.feature_state()
+        outputs = self.open_outputs(state)
+        dimensions = Dimensions(self.spark, self.stack, self.pipeline)
+        writers = self.writers(outputs, state, dimensions)
+        queries = self.start_queries(outputs.checkpoint, writers)
+        topics = ", ".join(s.topic for _, s in self.sources)
+        self.progress(f"{self.stage.name}: streaming {topics} ({self.options.mode})")
+        watch = _Watch()
+        try:
+            _await(queries, self.options, watch, self.on_batch, self.progress, self.stop)
+        finally:
+            dimensions.release()
+        return self.count(outputs, watch)
 
-    def release(self) -> None:
-        for _, frame in self._cached.values():
-            frame.unpersist()
-        self._cached.clear()
+    def feature_state(self) -> FeatureState:
+        """The fitted state the backfill saved; a spec with nothing to fit needs none saved."""
+        spec = self.stage.features
+        if spec.needs_fit:
+            return self.load_state(self.options.feature_state)
+        state = FeatureState(spec.name, spec.fingerprint)
+        self.report.feature_state = state.version
+        return state
+
+    def open_outputs(self, state: FeatureState) -> _Outputs:
+        """The checkpoint and its writer id, the training sink and the dead-letter table."""
+        pipeline, stage = self.pipeline, self.stage
+        checkpoint = self.stack.checkpoints / pipeline.namespace / pipeline.name / stage.name
+        writer = _writer_id(checkpoint, pipeline, stage)
+        self.report.lineage["writer"] = writer
+        training = training_sink(
+            self.spark,
+            self.stack,
+            pipeline,
+            stage,
+            state,
+            writer=writer,
+            event_time=self.events.event_time,
+            checkpoint=checkpoint / "main",
+        )
+        self.report.table = training.where
+        self.ensure_namespace()
+        return _Outputs(checkpoint, writer, training, self.open_dead_letters())
+
+    def writers(
+        self, outputs: _Outputs, state: FeatureState, dimensions: Dimensions
+    ) -> dict[str, BatchWriter]:
+        """Each query's per-batch writer, by query role."""
+        ledger = BatchLedger(self.spark, outputs.dead_letters, outputs.intake_writer)
+        unusable = BatchLedger(self.spark, outputs.dead_letters, outputs.unusable_writer)
+        featurizer = Featurizer(self.spark, self.stage.features, state)
+        name = self.pipeline.name
+        return {
+            "intake": IntakeWriter(ledger, name, self.stage.name),
+            "main": MainWriter(
+                self.stage, name, outputs.training, unusable, featurizer, dimensions
+            ),
+        }
+
+    def _parsed(self, name: str, source: KafkaSource) -> DataFrame:
+        raw = read_kafka(
+            self.spark,
+            self.stack.kafka,
+            [source.topic],
+            starting_offsets=source.starting_offsets,
+            options=_reader_options(source),
+        )
+        return parse_kafka(raw, source, name)
+
+    def intake_frame(self) -> DataFrame:
+        """Every record of every topic, in the dead-letter layout, with its reason ('' if valid)."""
+        frames = [
+            self._parsed(n, s).select(*DEAD_LETTER_COLUMNS[:-1], REASON) for n, s in self.sources
+        ]
+        return reduce(DataFrame.unionByName, frames)
+
+    def _valid(self, name: str, source: KafkaSource) -> DataFrame:
+        valid = self._parsed(name, source).where(F.col(REASON) == "")
+        return valid.select(*[f.name for f in source.fields])
+
+    def labelled_frame(self) -> DataFrame:
+        """The valid events, joined in the stream with their labels (watermarked) if any."""
+        rows = self._valid(self.stage.events, self.events)
+        if self.labels is None:
+            return rows
+        label, source = self.labels
+        return label_stream(
+            rows,
+            self._valid(label.source, source),
+            label,
+            self.events.event_time,
+            self.events.watermark,
+            source.event_time,
+            source.watermark,
+        )
+
+    def start_queries(
+        self, checkpoint: Path, writers: dict[str, BatchWriter]
+    ) -> dict[str, StreamingQuery]:
+        """The intake query, then the main one, each under its own checkpoint."""
+        frames = {"intake": self.intake_frame(), "main": self.labelled_frame()}
+        return {role: self.start(role, frames[role], writers[role], checkpoint) for role in frames}
+
+    def start(
+        self, role: str, frame: DataFrame, writer: BatchWriter, checkpoint: Path
+    ) -> StreamingQuery:
+        stream = (
+            frame.writeStream.queryName(f"{self.pipeline.name}.{self.stage.name}.{role}")
+            .foreachBatch(writer)
+            .option("checkpointLocation", str(checkpoint / role))
+        )
+        if self.options.mode == "continuous":
+            stream = stream.trigger(processingTime=self.stage.trigger)
+        else:
+            stream = stream.trigger(availableNow=True)
+        return stream.start()
+
+    def count(self, outputs: _Outputs, watch: _Watch) -> StageReport:
+        """The report: counts read back from the tables' commits (they hold across restarts),
+        and what the queries' progress said during this run."""
+        report, stage = self.report, self.stage
+        intake = writer_totals(self.spark, outputs.dead_letters, outputs.intake_writer)
+        report.training_rows, report.positives = outputs.training.totals()
+        unusable = writer_totals(self.spark, outputs.dead_letters, outputs.unusable_writer)
+        report.events_input = intake[f"flow.input.{stage.events}"]
+        report.events_dead = intake[f"flow.dead.{stage.events}"] + unusable["added-records"]
+        if stage.label:
+            report.labels_input = intake[f"flow.input.{stage.label.source}"]
+            report.labels_dead = intake[f"flow.dead.{stage.label.source}"]
+        report.pending = report.events_input - report.events_dead - report.training_rows
+        if not stage.label:
+            report.pending_bound = 0  # nothing waits for a window without a label join
+        elif watch.state_rows is not None:
+            report.pending_bound = watch.state_rows + watch.late_dropped
+        report.batches = watch.batches
+        report.extra = {
+            "run_rows_in": float(watch.rows_in),
+            "late_dropped": float(watch.late_dropped),
+            "state_rows": float(watch.state_rows or 0),
+        }
+        return self.finish(
+            f"{stage.name}: {report.training_rows:,} training rows, {report.events_dead:,} dead "
+            f"letters, {report.pending:,} pending in the label window (since the checkpoint began)"
+        )
 
 
 def run_live(
@@ -227,166 +376,4 @@ def run_live(
     stop: Callable[[], bool] = lambda: False,
 ) -> StageReport:
     """Run the stage until caught up (available-now) or until ``duration`` or ``stop()``."""
-    started = time.monotonic()
-    spec = stage.features
-    events_source = _kafka(pipeline, stage.events)
-    label = stage.label
-    label_source = _kafka(pipeline, label.source) if label else None
-    state = (
-        FeatureState.load(states_location(stack, pipeline.namespace), spec, options.feature_state)
-        if spec.needs_fit
-        else FeatureState(spec.name, spec.fingerprint)
-    )
-    report = StageReport(
-        pipeline.name, stage.name, "live", stage.channel, feature_state=state.version
-    )
-    checkpoint = stack.checkpoints / pipeline.namespace / pipeline.name / stage.name
-    writer = _writer_id(checkpoint, pipeline, stage)
-    report.lineage["writer"] = writer
-    sink = training_sink(
-        spark,
-        stack,
-        pipeline,
-        stage,
-        state,
-        writer=writer,
-        event_time=events_source.event_time,
-        checkpoint=checkpoint / "main",
-    )
-    report.table = sink.where
-    dead_table = dead_letter_table(stack, pipeline)
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {stack.catalog.name}.{pipeline.namespace}")
-    ensure_table(spark, dead_table, DEAD_LETTER_SCHEMA, "stage")
-
-    sources: list[tuple[str, KafkaSource]] = [(stage.events, events_source)]
-    if label and label_source:
-        sources.append((label.source, label_source))
-
-    def parsed(name: str, source: KafkaSource) -> DataFrame:
-        raw = read_kafka(
-            spark,
-            stack.kafka,
-            [source.topic],
-            starting_offsets=source.starting_offsets,
-            options=_reader_options(source),
-        )
-        return parse_kafka(raw, source, name)
-
-    # -- intake: every record counted, the malformed ones kept as dead letters ----------------
-    intake_frames = [parsed(n, s).select(*DEAD_LETTER_COLUMNS[:-1], REASON) for n, s in sources]
-    intake = intake_frames[0]
-    for frame in intake_frames[1:]:
-        intake = intake.unionByName(frame)
-
-    intake_ledger = BatchLedger(spark, dead_table, f"{writer}/intake")
-
-    def write_intake(batch: DataFrame, batch_id: int) -> None:
-        if batch_id <= intake_ledger.last:
-            return  # a replay of a batch already committed
-        batch = batch.persist()
-        counts: dict[str, int] = {}
-        for row in (
-            batch.groupBy("source")
-            .agg(
-                F.count(F.lit(1)).alias("n"),
-                F.sum((F.col(REASON) != "").cast("int")).alias("bad"),
-            )
-            .collect()
-        ):
-            counts[f"flow.input.{row['source']}"] = int(row["n"])
-            counts[f"flow.dead.{row['source']}"] = int(row["bad"] or 0)
-        dead = batch.where(F.col(REASON) != "").withColumnRenamed(REASON, "reason")
-        intake_ledger.append(dead_letter_rows(dead, pipeline.name, stage.name), batch_id, counts)
-        batch.unpersist()
-
-    # -- main: valid records, labelled, enriched, featurized -------------------------------------
-    def valid(name: str, source: KafkaSource) -> DataFrame:
-        return (
-            parsed(name, source).where(F.col(REASON) == "").select(*[f.name for f in source.fields])
-        )
-
-    rows = valid(stage.events, events_source)
-    if label and label_source:
-        rows = label_stream(
-            rows,
-            valid(label.source, label_source),
-            label,
-            events_source.event_time,
-            events_source.watermark,
-            label_source.event_time,
-            label_source.watermark,
-        )
-
-    featurizer = Featurizer(spark, spec, state)
-    dimensions = _Dimensions(spark, stack, pipeline)
-
-    unusable_ledger = BatchLedger(spark, dead_table, f"{writer}/unusable")
-
-    def write_main(batch: DataFrame, batch_id: int) -> None:
-        if batch_id <= min(sink.last, unusable_ledger.last):
-            return  # a replay of a batch already committed in full
-        # Every action on `batch` would run the stateful join again: compute it once.
-        joined = batch.persist()
-        enriched = joined
-        for spec_enrich in stage.enrich:
-            # Dimensions are checked every micro-batch: updates show up while the stream runs.
-            enriched = enrich(enriched, dimensions.get(spec_enrich.source), spec_enrich)
-        enriched = enriched.persist()
-        usable, unusable = split_unusable(enriched, spec, stage.events)
-        training = featurizer.apply(usable).persist()
-        positives = training.agg(F.sum("label")).first()
-        sink.append(training, batch_id, int(positives[0] or 0) if positives else 0)
-        unusable_ledger.append(dead_letter_rows(unusable, pipeline.name, stage.name), batch_id)
-        for frame in (training, enriched, joined):
-            frame.unpersist()
-
-    def start(
-        frame: DataFrame, role: str, sink: Callable[[DataFrame, int], None]
-    ) -> StreamingQuery:
-        writer_stream = (
-            frame.writeStream.queryName(f"{pipeline.name}.{stage.name}.{role}")
-            .foreachBatch(sink)
-            .option("checkpointLocation", str(checkpoint / role))
-        )
-        if options.mode == "continuous":
-            writer_stream = writer_stream.trigger(processingTime=stage.trigger)
-        else:
-            writer_stream = writer_stream.trigger(availableNow=True)
-        return writer_stream.start()
-
-    queries = {"intake": start(intake, "intake", write_intake)}
-    queries["main"] = start(rows, "main", write_main)
-    progress(f"{stage.name}: streaming {', '.join(s.topic for _, s in sources)} ({options.mode})")
-    watch = _Watch()
-    try:
-        _await(queries, options, watch, on_batch, progress, stop)
-    finally:
-        dimensions.release()
-
-    intake_totals = writer_totals(spark, dead_table, f"{writer}/intake")
-    report.training_rows, report.positives = sink.totals()
-    unusable_totals = writer_totals(spark, dead_table, f"{writer}/unusable")
-    report.events_input = intake_totals[f"flow.input.{stage.events}"]
-    report.events_dead = (
-        intake_totals[f"flow.dead.{stage.events}"] + unusable_totals["added-records"]
-    )
-    if label:
-        report.labels_input = intake_totals[f"flow.input.{label.source}"]
-        report.labels_dead = intake_totals[f"flow.dead.{label.source}"]
-    report.pending = report.events_input - report.events_dead - report.training_rows
-    if not label:
-        report.pending_bound = 0  # nothing waits for a window without a label join
-    elif watch.state_rows is not None:
-        report.pending_bound = watch.state_rows + watch.late_dropped
-    report.batches = watch.batches
-    report.seconds = time.monotonic() - started
-    report.extra = {
-        "run_rows_in": float(watch.rows_in),
-        "late_dropped": float(watch.late_dropped),
-        "state_rows": float(watch.state_rows or 0),
-    }
-    progress(
-        f"{stage.name}: {report.training_rows:,} training rows, {report.events_dead:,} dead "
-        f"letters, {report.pending:,} pending in the label window (since the checkpoint began)"
-    )
-    return report
+    return LiveRun(spark, pipeline, stage, stack, options, progress, on_batch, stop).run()

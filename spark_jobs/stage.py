@@ -1,0 +1,111 @@
+"""What a backfill and a live stage run share: their context, and the phases both go through.
+
+Both stages read sources, validate them into rows and dead letters, label, enrich, featurize
+with a feature state, write training rows and dead letters, and report counts that reconcile.
+The *order* in which they do it differs: a backfill runs each phase once over the whole input,
+while a live stage wires the phases into two streaming queries and runs enrichment,
+featurization and writing per micro-batch, inside ``foreachBatch``. So this is a base class
+holding the shared context and the shared phases, not a template method with one fixed
+``run()``: each stage's ``run()`` lists its own phases top to bottom, as torchtitan's trainer
+does, and a change to one stage's order (supervised restarts, one query instead of two) does
+not have to fit the other's. The phases a micro-batch writer needs too (enrichment, counting)
+are plain functions here, since a writer holds no run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Generic, Literal, TypeVar
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from flow.config import StackConfig
+from flow.pipeline.model import BackfillStage, Enrich, LiveStage, Pipeline
+from flow.pipeline.state import FeatureState, states_location
+from flow.storage import Location
+from spark_jobs.joins import enrich
+from spark_jobs.report import StageReport
+from spark_jobs.rows import dead_letter_table
+from spark_jobs.sinks import DEAD_LETTER_SCHEMA, dead_letter_rows, ensure_table
+from spark_jobs.validate import REASON
+
+__all__ = ["Progress", "StageRun", "enriched", "input_counts", "positives"]
+
+Progress = Callable[[str], None]
+S = TypeVar("S", BackfillStage, LiveStage)
+
+
+def input_counts() -> list[Column]:
+    """Aggregates of validated records: how many (``n``), and how many invalid (``bad``)."""
+    return [
+        F.count(F.lit(1)).alias("n"),
+        F.sum((F.col(REASON) != "").cast("int")).alias("bad"),
+    ]
+
+
+def positives(training: DataFrame) -> int:
+    """The positive labels among training rows (one Spark job)."""
+    found = training.agg(F.sum("label")).first()
+    return int(found[0]) if found is not None and found[0] is not None else 0
+
+
+def enriched(
+    rows: DataFrame, enrichments: tuple[Enrich, ...], dimension: Callable[[str], DataFrame]
+) -> DataFrame:
+    """``rows`` joined with each dimension table in turn; ``dimension`` reads one by source
+    name (a backfill reads it once and records its snapshot, a stream re-reads it if changed)."""
+    for spec in enrichments:
+        rows = enrich(rows, dimension(spec.source), spec)
+    return rows
+
+
+class StageRun(Generic[S]):
+    """One run of one stage: its inputs, its report, its clock and the phases stages share."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        stack: StackConfig,
+        pipeline: Pipeline,
+        stage: S,
+        kind: Literal["backfill", "live"],
+        progress: Progress,
+    ) -> None:
+        self.started = time.monotonic()
+        self.spark, self.stack, self.pipeline = spark, stack, pipeline
+        self.stage: S = stage
+        self.progress = progress
+        self.report = StageReport(pipeline.name, stage.name, kind, stage.channel)
+
+    @property
+    def states(self) -> Location:
+        """Where the pipeline's fitted feature states live."""
+        return states_location(self.stack, self.pipeline.namespace)
+
+    def load_state(self, version: str | None) -> FeatureState:
+        """The fitted state ``version`` of the stage's spec (None: the latest)."""
+        state = FeatureState.load(self.states, self.stage.features, version)
+        self.report.feature_state = state.version
+        return state
+
+    def ensure_namespace(self) -> None:
+        catalog = self.stack.catalog.name
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog}.{self.pipeline.namespace}")
+
+    def open_dead_letters(self) -> str:
+        """The pipeline's dead-letter table, created if missing."""
+        table = dead_letter_table(self.stack, self.pipeline)
+        ensure_table(self.spark, table, DEAD_LETTER_SCHEMA, "stage")
+        return table
+
+    def dead_letters(self, dead: DataFrame) -> DataFrame:
+        """Invalid or unusable records as this stage's rows of the dead-letter table."""
+        return dead_letter_rows(dead, self.pipeline.name, self.stage.name)
+
+    def finish(self, summary: str) -> StageReport:
+        """Stop the clock and say what the stage did."""
+        self.report.seconds = time.monotonic() - self.started
+        self.progress(summary)
+        return self.report
