@@ -33,6 +33,7 @@ from flow.pipeline.model import LiveStage, Pipeline
 from flow.pipeline.run import RunOptions
 from flow.pipeline.sources import KafkaSource
 from flow.pipeline.state import FeatureState
+from flow.storage import namespace_locations
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
 from spark_jobs.joins import label_stream
@@ -245,7 +246,9 @@ class LiveRun(StageRun[LiveStage]):
     def open_outputs(self, state: FeatureState) -> _Outputs:
         """The checkpoint and its writer id, the training sink and the dead-letter table."""
         pipeline, stage = self.pipeline, self.stage
-        checkpoint = self.stack.checkpoints / pipeline.namespace / pipeline.name / stage.name
+        # Local folders for now: the writer-id marker is a file the driver writes beside them.
+        where = namespace_locations(self.stack, pipeline.namespace).checkpoints
+        checkpoint = Path(where.child(pipeline.name, stage.name).path)
         writer = _writer_id(checkpoint, pipeline, stage)
         self.report.lineage["writer"] = writer
         training = training_sink(
