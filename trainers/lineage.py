@@ -12,9 +12,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from flow.handoff import Channel
+from flow.handoff import Channel, ChannelReader
+from flow.tracking import Run
+from flow.training import TrainConfig
 
-__all__ = ["commits_read", "lineage_tags"]
+__all__ = ["commits_read", "lineage_tags", "log_lineage"]
 
 
 def _last_read(cursor: Mapping[str, Any], channel: str) -> int:
@@ -61,3 +63,24 @@ def lineage_tags(commits: Mapping[str, list[dict[str, Any]]]) -> dict[str, str]:
             text = distinct[0] if len(distinct) == 1 else f"{distinct[0]} .. {distinct[-1]}"
             tags[f"lineage.{channel}.{key}"] = text[:5000]
     return tags
+
+
+def log_lineage(
+    run: Run,
+    config: TrainConfig,
+    cursor: Mapping[str, Any],
+    *,
+    layout: Mapping[str, Any],
+    step: int,
+) -> None:
+    """The commits read, their sources as tags, the rows' schema and layout as artifacts."""
+    commits = commits_read(config.location, config.channels, cursor)
+    run.log_dict(commits, "handoff_commits.json")
+    run.set_tags(lineage_tags(commits))
+    reader = ChannelReader(config.location, config.channels[0])
+    run.log_dict({f.name: str(f.type) for f in reader.schema}, "schema.json")
+    run.log_dict(dict(layout), "layout.json")
+    read = [c for entries in commits.values() for c in entries]
+    run.log_metrics(
+        {"handoff_commits": len(read), "handoff_bytes": sum(c["bytes"] for c in read)}, step=step
+    )

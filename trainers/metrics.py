@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from flow.errors import ConfigError
 
-__all__ = ["BinaryMetrics", "binary_auc"]
+__all__ = ["BinaryMetrics", "ProgressiveScores", "binary_auc"]
 
 log = logging.getLogger(__name__)
 
@@ -205,3 +205,37 @@ def _gather(
         for g, size, n in zip(gathered, sizes, counts, strict=True)
     ]
     return total[:4], float(total[4]), parts
+
+
+class ProgressiveScores:
+    """Progressive validation: every batch scored before the model trains on it.
+
+    Predictions stay on the device until a log step: moving them to the host every step would
+    make every step wait for the GPU, and the loader's copy-ahead would be for nothing.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self.progressive = BinaryMetrics(capacity=1_000_000)
+        """Since the last log step."""
+        self.overall = BinaryMetrics(capacity=2_000_000)
+        self.by_channel: dict[str, BinaryMetrics] = {}
+
+    def add(
+        self, channel: str | None, logits: torch.Tensor, batch: dict[str, torch.Tensor]
+    ) -> None:
+        self.pending.append(
+            (channel or "?", logits.detach().float(), batch["label"], batch.get("weight"))
+        )
+
+    def flush(self) -> None:
+        for channel in dict.fromkeys(c for c, _, _, _ in self.pending):
+            mine = [p for p in self.pending if p[0] == channel]
+            logits = torch.cat([p[1] for p in mine])
+            labels = torch.cat([p[2] for p in mine])
+            given = [p[3] for p in mine if p[3] is not None]
+            weights = torch.cat(given) if len(given) == len(mine) else None
+            per_channel = self.by_channel.setdefault(channel, BinaryMetrics(capacity=1_000_000))
+            for metrics in (self.progressive, self.overall, per_channel):
+                metrics.update(logits, labels, weights)
+        self.pending = []

@@ -1,0 +1,378 @@
+"""One rank's training run: set-up, resumption, the step loop in named phases, evaluation.
+
+:class:`Session` owns the model, the optimizer, the readers and the checkpoints of one rank;
+``run()`` trains: each step is ``_step`` (forward, backward, CowClip, optimizer), ``_account``
+(rows, waits, freshness, audit) and ``_after_step`` (the log line, evaluation, checkpoint and
+export that fall due), then ``_finish`` records the run's figures. ``trainers.train.train``
+wraps a session in its MLflow runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from flow.tracking import Run
+from flow.training import TrainConfig
+from trainers.checkpoint import Checkpointer
+from trainers.inputs import (
+    columns_of,
+    device_for,
+    holdout,
+    layout_of,
+    reader_for,
+    start_distributed,
+    wait_for,
+)
+from trainers.loader import Batch, DeviceLoader, ShuffleOn, StallMeter
+from trainers.metrics import BinaryMetrics, ProgressiveScores
+from trainers.models import CTRModel, build_model
+from trainers.optim import CowClip, build_optimizer
+from trainers.promote import Decision, champion_state, load_champion
+
+__all__ = ["Session", "TrainResult", "evaluate", "export_model", "fingerprints"]
+
+
+@dataclass
+class TrainResult:
+    steps: int = 0
+    rows: int = 0
+    """Rows this rank trained on."""
+    seconds: float = 0.0
+    wait_seconds: float = 0.0
+    resumed_from: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The last evaluation (or progressive validation) metrics."""
+    freshness_s: dict[str, list[float]] = field(default_factory=dict)
+    """Per channel, per batch: seconds from the rows' median event time to the step using them."""
+    overall: dict[str, float] = field(default_factory=dict)
+    """Progressive validation over the whole run (every batch scored before training on it)."""
+    by_channel: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The same, per channel (e.g. how the model did on live rows it had not seen)."""
+    run_id: str | None = None
+    model_uri: str | None = None
+    model_version: str | None = None
+    decision: Decision | None = None
+    """Whether the new model became the champion, and why (with --promote-margin)."""
+    leader: bool = True
+    """Rank 0: the rank that tracks, exports and reports."""
+    world_size: int = 1
+
+    @property
+    def samples_per_s(self) -> float:
+        """Over all ranks (each reads the same number of rows)."""
+        return self.rows * self.world_size / self.seconds if self.seconds else 0.0
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.wait_seconds / self.seconds if self.seconds else 0.0
+
+    def freshness(self, quantile: float, channel: str | None = None) -> float | None:
+        """A quantile of event-to-training seconds, of one channel or all (None: no times)."""
+        values = [
+            v for name, found in self.freshness_s.items() if channel in (None, name) for v in found
+        ]
+        return float(np.quantile(values, quantile)) if values else None
+
+
+def fingerprints(tensors: dict[str, torch.Tensor]) -> np.ndarray:
+    """A 64-bit fingerprint per row of a batch (for audits: which rank saw which rows)."""
+    parts = [tensors[k].reshape(len(tensors["label"]), -1) for k in sorted(tensors)]
+    values = torch.cat([p.double().cpu() for p in parts], dim=1).numpy().view(np.uint64)
+    mixers = np.random.default_rng(0).integers(1, 2**63, values.shape[1], dtype=np.uint64) | 1
+    with np.errstate(over="ignore"):
+        mixed: np.ndarray = (values * mixers).sum(axis=1, dtype=np.uint64)
+    return mixed
+
+
+def _loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    labels = batch["label"].float()
+    weight = batch.get("weight")
+    return nn.functional.binary_cross_entropy_with_logits(
+        logits.float(), labels, weight=weight.float() if weight is not None else None
+    )
+
+
+def evaluate(
+    model: nn.Module,
+    batches: Iterator[Batch],
+    *,
+    limit: int | None,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> dict[str, float]:
+    """AUC, log loss and calibration over ``batches`` (all ranks' predictions together)."""
+    metrics = BinaryMetrics()
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for n, batch in enumerate(batches):
+            if limit is not None and n >= limit:
+                break
+            with autocast():
+                logits = model(batch.tensors)
+            metrics.update(logits.float(), batch.tensors["label"], batch.tensors.get("weight"))
+    model.train(was_training)
+    return metrics.compute(distributed=dist.is_initialized())
+
+
+class Session:
+    """One rank's run: model, optimizer, data, tracking; ``run()`` trains."""
+
+    def __init__(
+        self, config: TrainConfig, say: Callable[[str], None], tracking_uri: str | None
+    ) -> None:
+        self.config = config
+        self.tracking_uri = tracking_uri
+        self.device = device_for(config.device)
+        self.world = start_distributed(self.device)
+        self.leader = self.world.rank == 0
+        self.say = say if self.leader else (lambda _: None)
+        torch.manual_seed(config.seed)
+        wait_for(config, self.say)
+        self.layout = layout_of(config)
+        self.model: CTRModel = build_model(config.model, self.layout).to(self.device)
+        self.optimizer = build_optimizer(self.model, config.optim)
+        self.clip = CowClip.from_config(config.optim)
+        self.net: nn.Module = self.model
+        if self.world.world_size > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.net = DistributedDataParallel(self.model, device_ids=ids)
+        if config.compile:
+            self.net = torch.compile(self.net)  # type: ignore[assignment]
+        bf16 = config.bf16 if config.bf16 is not None else self.device.type == "cuda"
+        self.bf16 = bf16
+        self.shuffle_on: ShuffleOn = (
+            ("device" if self.device.type == "cuda" else "host")
+            if config.shuffle_on == "auto"
+            else "device"
+            if config.shuffle_on == "device"
+            else "host"
+        )
+        self.holdout, kept = holdout(config)
+        self.reader = reader_for(config, self.world, config.channels, train=True, buckets=kept)
+        self.champion: CTRModel | None = None
+        if config.init_from_champion or config.promote_margin is not None:
+            self.champion = self._champion(warm_start=config.init_from_champion)
+        self.columns = columns_of(self.layout)
+        self.checkpoints = (
+            Checkpointer(config.checkpoint_dir, self.world.rank, self.world.world_size)
+            if config.checkpoint_dir
+            else None
+        )
+        self.step = 0
+        self.last_cursor: dict[str, Any] | None = None
+        """The reader's cursor after the last batch trained on (lineage reads it)."""
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "model_config": asdict(self.config.model),
+            "layout": self.layout.to_dict(),
+        }
+
+    def resume(self) -> int | None:
+        found = self.checkpoints.load() if self.checkpoints else None
+        if found is None:
+            return None
+        state, cursor = found
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.reader.load_state_dict(cursor)
+        self.step = int(state["step"])
+        self.say(f"resumed from the checkpoint of step {self.step}")
+        return self.step
+
+    def _champion(self, *, warm_start: bool) -> CTRModel | None:
+        """The registered champion (for comparison), loaded into this run's model if asked."""
+        assert self.config.register_as is not None  # checked by TrainConfig
+        saved = champion_state(self.config.register_as, self.tracking_uri)
+        if saved is None:
+            self.say(f"{self.config.register_as} has no champion yet: training from scratch")
+            return None
+        champion = load_champion(saved, self.layout).to(self.device)
+        if warm_start:
+            self.model.load_state_dict(champion.state_dict())
+            self.say(f"warm start from {self.config.register_as} version {saved['version']}")
+        return champion
+
+    def evaluate(self, model: nn.Module | None = None) -> dict[str, float]:
+        """AUC and log loss on the eval channel, or on the held-out buckets; {} without either."""
+        config = self.config
+        if config.eval_channel:
+            reader = reader_for(config, self.world, (config.eval_channel,), train=False)
+        elif self.holdout is not None:
+            reader = reader_for(
+                config, self.world, config.channels, train=False, buckets=self.holdout
+            )
+        else:
+            return {}
+        loader = DeviceLoader(reader, self.device, self.columns, shuffle_on=self.shuffle_on)
+        return evaluate(
+            model or self.net, iter(loader), limit=config.eval_batches, autocast=self.autocast
+        )
+
+    def _epochs_left(self) -> bool:
+        # Following reads the channels once, until their producer closes them.
+        epochs = 1 if self.config.follow else self.config.epochs
+        return int(self.reader.epoch) < epochs
+
+    def run(self, run: Run, result: TrainResult) -> None:
+        """Train until the epochs, the followed channels or ``max_steps`` are done."""
+        loop = _Loop()
+        started = time.perf_counter()
+        while not loop.done and self._epochs_left():
+            for batch in self._loader():
+                loss = self._step(batch, loop.scores)
+                self._account(batch, result, loop)
+                if self._after_step(run, result, loss, batch.cursor, loop):
+                    loop.done = True  # max_steps reached
+                    break
+        self._finish(result, loop, time.perf_counter() - started)
+
+    def _loader(self) -> DeviceLoader:
+        return DeviceLoader(
+            self.reader,
+            self.device,
+            self.columns,
+            event_time=self.config.event_time,
+            shuffle_on=self.shuffle_on,
+        )
+
+    def _step(self, batch: Batch, scores: ProgressiveScores) -> torch.Tensor:
+        """One optimizer step on ``batch``, scored first (progressive validation); its loss."""
+        tensors = batch.tensors
+        with self.autocast():
+            logits = self.net(tensors)
+        loss = _loss(logits, tensors)
+        scores.add(batch.channel, logits, tensors)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        if self.clip is not None:
+            self.clip.apply(self.model, tensors)
+        self.optimizer.step()
+        self.step += 1
+        return loss
+
+    def _account(self, batch: Batch, result: TrainResult, loop: _Loop) -> None:
+        """Rows, waits, freshness and (when auditing) fingerprints of a batch trained on."""
+        loop.cursor = batch.cursor
+        if self.config.audit_dir is not None:
+            loop.audit.append(fingerprints(batch.tensors))
+        result.rows += batch.rows
+        loop.stall.add(batch)
+        loop.window.rows += batch.rows
+        loop.window.stall.add(batch)
+        if batch.event_time_us is not None and len(batch.event_time_us):
+            event = float(np.median(batch.event_time_us.numpy())) / 1e6
+            result.freshness_s.setdefault(batch.channel or "?", []).append(time.time() - event)
+
+    def _after_step(
+        self, run: Run, result: TrainResult, loss: torch.Tensor, cursor: dict[str, Any], loop: _Loop
+    ) -> bool:
+        """What falls due at this step: a log line, an evaluation, a checkpoint, an export.
+        True when the run is to stop here (``max_steps``)."""
+        config, step = self.config, self.step
+        if step % config.log_every == 0:
+            self._log(run, loss, loop)
+        if config.eval_every and step % config.eval_every == 0:
+            evaluated = self.evaluate()
+            run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=step)
+        if self.checkpoints and step % config.checkpoint_every == 0:
+            self.checkpoints.save(step, self.state(), cursor)
+        if config.export_every and step % config.export_every == 0 and self.leader:
+            result.model_uri = export_model(self, run, final=False)[0]
+        return config.max_steps is not None and step >= config.max_steps
+
+    def _log(self, run: Run, loss: torch.Tensor, loop: _Loop) -> None:
+        """Metrics of the steps since the last log line (the only host-device sync a step has)."""
+        window = loop.window
+        elapsed = time.perf_counter() - window.started
+        loop.scores.flush()
+        loop.scored = loop.scores.progressive.compute()
+        metrics = {
+            "loss": float(loss.detach()),
+            "samples_per_s": window.rows * self.world.world_size / elapsed,
+            "data_stall_fraction": window.stall.total() / elapsed,
+            **{f"progressive_{k}": v for k, v in loop.scored.items()},
+        }
+        run.log_metrics(metrics, step=self.step)
+        self.say(
+            f"step {self.step}: loss {metrics['loss']:.4f}, "
+            f"{metrics['samples_per_s']:,.0f} samples/s, "
+            f"stall {metrics['data_stall_fraction']:.1%}"
+        )
+        loop.scores.progressive.reset()
+        loop.window = _Window()
+
+    def _finish(self, result: TrainResult, loop: _Loop, seconds: float) -> None:
+        """The run's figures, the audit file and the last checkpoint."""
+        config = self.config
+        result.wait_seconds = loop.stall.total()
+        result.seconds = seconds
+        result.steps = self.step
+        self.last_cursor = loop.cursor
+        loop.scores.flush()
+        scores = loop.scores
+        result.overall = scores.overall.compute() if scores.overall.count else {}
+        result.by_channel = {n: m.compute() for n, m in scores.by_channel.items() if m.count}
+        if config.audit_dir is not None:
+            config.audit_dir.mkdir(parents=True, exist_ok=True)
+            rows = np.concatenate(loop.audit) if loop.audit else np.empty(0, dtype=np.uint64)
+            np.save(config.audit_dir / f"rank-{self.world.rank}-step-{self.step}.npy", rows)
+        if self.checkpoints and loop.cursor is not None:
+            self.checkpoints.save(self.step, self.state(), loop.cursor)
+        scored = scores.progressive.compute() if scores.progressive.count else loop.scored
+        result.metrics = result.metrics or {f"progressive_{k}": v for k, v in scored.items()}
+
+
+@dataclass
+class _Window:
+    """The steps since the last log line."""
+
+    rows: float = 0.0
+    stall: StallMeter = field(default_factory=StallMeter)
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Loop:
+    """What the training loop carries from step to step."""
+
+    scores: ProgressiveScores = field(default_factory=ProgressiveScores)
+    scored: dict[str, float] = field(default_factory=dict)
+    """The last progressive validation reported."""
+    window: _Window = field(default_factory=_Window)
+    stall: StallMeter = field(default_factory=StallMeter)
+    cursor: dict[str, Any] | None = None
+    """The reader's cursor after the last batch trained on."""
+    audit: list[np.ndarray] = field(default_factory=list)
+    done: bool = False
+
+
+def export_model(session: Session, run: Run, *, final: bool) -> tuple[str, str | None]:
+    """Log the model to MLflow (pyfunc, with a signature) and register it when asked: its URI
+    and registry version."""
+    from trainers.export import log_model
+
+    return log_model(
+        session.model,
+        session.layout,
+        run.run_id,
+        tracking_uri=session.tracking_uri,
+        register_as=session.config.register_as if final else None,
+    )
