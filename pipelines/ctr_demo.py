@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flow.engine import run_main
-from flow.pipeline import BackfillStage, LiveStage, Pipeline
+from flow.pipeline import BackfillStage, LiveStage, Pipeline, run_main
 from pipelines.ctr import NAMESPACE
 from pipelines.ctr_backfill import ctr_backfill
 from pipelines.ctr_streaming import ctr_streaming

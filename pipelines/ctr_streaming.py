@@ -9,8 +9,7 @@ Needs the feature state the backfill fitted (run pipelines/ctr_backfill.py first
 
 from __future__ import annotations
 
-from flow.engine import run_main
-from flow.pipeline import KafkaSource, LiveStage, Pipeline
+from flow.pipeline import KafkaSource, LiveStage, Pipeline, run_main
 from pipelines.ctr import (
     CLICK_FIELDS,
     IMPRESSION_FIELDS,

@@ -26,6 +26,7 @@ from flow.pipeline import (
     Pipeline,
     Sequence,
     Vocabulary,
+    run_main,
 )
 from flow.pipeline.run import parse_run_args
 from pipelines.ctr_backfill import ctr_backfill
@@ -211,3 +212,12 @@ def test_run_options_choose_stages_and_mode() -> None:
         parse_run_args(["--stage", "nope"], ["bf", "live"])
     with pytest.raises(ConfigError, match="--duration applies to --continuous"):
         parse_run_args(["--duration", "5"], ["bf"])
+
+
+def test_run_main_names_a_missing_engine_and_exits_non_zero(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run_main(pipeline(), engine="nope", argv=["--stage", "live"])
+    assert exited.value.code == 1
+    assert "no primus_flow.engines plugin 'nope'" in capsys.readouterr().err
