@@ -25,10 +25,8 @@ def ctr_demo(namespace: str = NAMESPACE, max_records_per_batch: int = 5_000) -> 
     both call their events "impressions"), the backfill's stage, then the live one."""
     history = ctr_backfill(namespace)
     live = ctr_streaming(namespace, max_records_per_batch=max_records_per_batch)
-    backfill = history.stage("backfill")
-    streaming = live.stage("live")
-    assert isinstance(backfill, BackfillStage)
-    assert isinstance(streaming, LiveStage)
+    backfill = history.stage("backfill", BackfillStage)
+    streaming = live.stage("live", LiveStage)
     assert backfill.label is not None
     return Pipeline(
         name="ctr_demo",

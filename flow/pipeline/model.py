@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar, overload
 
 from flow.errors import ConfigError, HandoffError
 from flow.handoff.shards import codec
@@ -110,6 +110,7 @@ class LiveStage:
 
 
 Stage = BackfillStage | LiveStage
+StageT = TypeVar("StageT", bound=Stage)
 
 
 @dataclass(frozen=True)
@@ -202,9 +203,20 @@ class Pipeline:
                 )
         object.__setattr__(self, "columns", columns)
 
-    def stage(self, name: str) -> Stage:
+    @overload
+    def stage(self, name: str) -> Stage: ...
+    @overload
+    def stage(self, name: str, kind: type[StageT]) -> StageT: ...
+    def stage(self, name: str, kind: type[StageT] | None = None) -> Stage:
+        """The stage called ``name``; with ``kind`` (``LiveStage``, ``BackfillStage``) typed as
+        one, or a :class:`ConfigError` if it is of another kind."""
         for stage in self.stages:
             if stage.name == name:
+                if kind is not None and not isinstance(stage, kind):
+                    raise ConfigError(
+                        f"pipeline {self.name!r}: stage {name!r} is a {type(stage).__name__}, "
+                        f"not a {kind.__name__}"
+                    )
                 return stage
         raise ConfigError(
             f"pipeline {self.name!r} has no stage {name!r}; stages: "

@@ -221,3 +221,14 @@ def test_run_main_names_a_missing_engine_and_exits_non_zero(
         run_main(pipeline(), engine="nope", argv=["--stage", "live"])
     assert exited.value.code == 1
     assert "no primus_flow.engines plugin 'nope'" in capsys.readouterr().err
+
+
+def test_a_stage_is_found_by_name_and_typed_by_its_kind() -> None:
+    built = pipeline()
+    live: LiveStage = built.stage("live", LiveStage)
+    assert live.trigger == "10 seconds"
+    assert built.stage("live") is live
+    with pytest.raises(ConfigError, match=r"stage 'live' is a LiveStage, not a BackfillStage"):
+        built.stage("live", BackfillStage)
+    with pytest.raises(ConfigError, match=r"has no stage 'backfill'; stages: live"):
+        built.stage("backfill", BackfillStage)
