@@ -12,8 +12,8 @@ from flow.pipeline.features import (
     Feature,
     FeatureSpec,
     Hashed,
+    HashedSequence,
     Numeric,
-    Sequence,
     Vocabulary,
 )
 from flow.pipeline.model import (
@@ -44,6 +44,7 @@ __all__ = [
     "Field",
     "HandoffOutput",
     "Hashed",
+    "HashedSequence",
     "IcebergSource",
     "KafkaSource",
     "LabelJoin",
@@ -53,7 +54,6 @@ __all__ = [
     "Output",
     "Pipeline",
     "RunOptions",
-    "Sequence",
     "Source",
     "Stage",
     "TableOutput",

@@ -16,8 +16,8 @@ from flow.handoff.shards import codec
 from flow.pipeline.features import (
     Bucketized,
     FeatureSpec,
+    HashedSequence,
     Numeric,
-    Sequence,
     feature_inputs,
     feature_name,
 )
@@ -317,11 +317,11 @@ class Pipeline:
                 found = need(column, user)
                 if isinstance(feature, Numeric | Bucketized) and not found.numeric:
                     raise ConfigError(f"{where}: {user} needs a number; {column!r} is {found.type}")
-                if isinstance(feature, Sequence) and not found.is_array:
+                if isinstance(feature, HashedSequence) and not found.is_array:
                     raise ConfigError(f"{where}: {user} needs an array; {column!r} is {found.type}")
-                if not isinstance(feature, Sequence) and found.is_array:
+                if not isinstance(feature, HashedSequence) and found.is_array:
                     raise ConfigError(
-                        f"{where}: {user} reads array column {column!r}; use Sequence for it"
+                        f"{where}: {user} reads array column {column!r}; use HashedSequence for it"
                     )
         label = need(spec.label, "the label")
         if not label.numeric:

@@ -20,8 +20,8 @@ from flow.pipeline.features import (
     Cross,
     FeatureSpec,
     Hashed,
+    HashedSequence,
     Numeric,
-    Sequence,
     Vocabulary,
     feature_name,
 )
@@ -192,6 +192,8 @@ def layout(spec: FeatureSpec, state: FeatureState | None) -> Layout:
         if isinstance(f, Hashed | Vocabulary | Bucketized | Cross)
     )
     sequences = tuple(
-        (feature_name(f), f.buckets, f.max_length) for f in spec.features if isinstance(f, Sequence)
+        (feature_name(f), f.buckets, f.max_length)
+        for f in spec.features
+        if isinstance(f, HashedSequence)
     )
     return Layout(dense, sparse, sequences)

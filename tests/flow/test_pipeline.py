@@ -18,17 +18,18 @@ from flow.pipeline import (
     Field,
     HandoffOutput,
     Hashed,
+    HashedSequence,
     IcebergSource,
     KafkaSource,
     LabelJoin,
     LiveStage,
     Numeric,
     Pipeline,
-    Sequence,
     Vocabulary,
     run_main,
 )
 from flow.pipeline.run import parse_run_args
+from pipelines.ctr import ctr_features
 from pipelines.ctr_backfill import ctr_backfill
 from pipelines.ctr_streaming import ctr_streaming
 
@@ -60,7 +61,7 @@ def pipeline(*, stage: object | None = None, **sources: object) -> Pipeline:
         events="events",
         label=LabelJoin("clicks", key="id"),
         enrich=(Enrich("users", on="user_id", columns=("country",), prefix="user_"),),
-        features=spec(Vocabulary("user_country"), Numeric("price"), Sequence("tags", 4, 50)),
+        features=spec(Vocabulary("user_country"), Numeric("price"), HashedSequence("tags", 4, 50)),
         channel="live",
     )
     return Pipeline("p", "ns", all_sources, (chosen,))  # type: ignore[arg-type]
@@ -116,8 +117,14 @@ def _live(**changes: Any) -> Callable[[], Pipeline]:
         ),
         (_live(label=LabelJoin("users", key="user_id")), r"must be a Kafka topic for a stream"),
         (_live(features=spec(Numeric("id"))), r"feature 'id' needs a number; 'id' is string"),
-        (_live(features=spec(Hashed("tags", 10))), r"reads array column 'tags'; use Sequence"),
-        (_live(features=spec(Sequence("price", 4, 10))), r"needs an array; 'price' is double"),
+        (
+            _live(features=spec(Hashed("tags", 10))),
+            r"reads array column 'tags'; use HashedSequence",
+        ),
+        (
+            _live(features=spec(HashedSequence("price", 4, 10))),
+            r"needs an array; 'price' is double",
+        ),
         (_live(features=spec(weight="country")), r"the weight reads column 'country'"),
         (_live(features=spec(passthrough=("nope",))), r"passthrough reads column 'nope'"),
         (_live(label=None), r"the label reads column 'label', which does not exist here"),
@@ -192,6 +199,11 @@ def test_building_blocks_reject_bad_values(make: Callable[[], object], message: 
 def test_unknown_keyword_arguments_are_refused_not_ignored() -> None:
     with pytest.raises(TypeError, match="windw"):
         LabelJoin("c", key="k", windw="5 minutes")  # type: ignore[call-arg]
+
+
+def test_the_ctr_spec_keeps_the_fingerprint_its_fitted_states_were_saved_under() -> None:
+    # The value before Sequence was renamed HashedSequence: a rename must not orphan states.
+    assert ctr_features().fingerprint == "b4110a52becf4d35"
 
 
 def test_the_spec_fingerprint_follows_every_change() -> None:
