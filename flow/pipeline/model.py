@@ -21,7 +21,7 @@ from flow.pipeline.features import (
     feature_inputs,
     feature_name,
 )
-from flow.pipeline.schema import Field, check_identifier, check_interval
+from flow.pipeline.schema import Field, check_identifier, check_interval, check_trigger
 from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
 
 __all__ = [
@@ -104,9 +104,13 @@ class LiveStage:
     label: LabelJoin | None = None
     enrich: tuple[Enrich, ...] = ()
     trigger: str = "10 seconds"
-    """Micro-batch interval when running continuously."""
+    """Micro-batch interval when running continuously (``--continuous``), as Spark's
+    ``processingTime`` takes it: '10 seconds', '500 milliseconds', '1 minute'."""
 
     streaming = True
+
+    def __post_init__(self) -> None:
+        check_trigger(self.trigger, f"LiveStage({self.name!r}).trigger")
 
 
 Stage = BackfillStage | LiveStage

@@ -244,3 +244,31 @@ def test_a_stage_is_found_by_name_and_typed_by_its_kind() -> None:
         built.stage("live", BackfillStage)
     with pytest.raises(ConfigError, match=r"has no stage 'backfill'; stages: live"):
         built.stage("backfill", BackfillStage)
+
+
+@pytest.mark.parametrize(
+    "trigger",
+    ["10 seconds", "1 second", "2 seconds", "500 milliseconds", "1 minute", "1.5 seconds",
+     "1 minute 30 seconds", "2 hours", "10 Seconds", "0 seconds"],
+)  # fmt: skip
+def test_a_live_trigger_spark_accepts_is_accepted(trigger: str) -> None:
+    assert LiveStage("s", events="e", features=spec(), channel="c", trigger=trigger)
+
+
+@pytest.mark.parametrize(
+    ("trigger", "message"),
+    [
+        ("10s", r"'10s' is not a micro-batch interval Spark accepts; write e.g. '10 sec"),
+        ("10", r"not a micro-batch interval"),
+        ("-5 seconds", r"no months, years or negative values"),
+        ("1 month", r"no months, years or negative values"),
+        ("1.5 minutes", r"not a micro-batch interval"),
+        ("once", r"a run without --continuous already processes what has arrived and stops"),
+        ("available-now", r"the trigger is the micro-batch interval of --continuous runs"),
+    ],
+)
+def test_a_live_trigger_spark_would_refuse_at_run_time_is_refused_when_built(
+    trigger: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"LiveStage\('s'\)\.trigger=.*{message}"):
+        LiveStage("s", events="e", features=spec(), channel="c", trigger=trigger)
