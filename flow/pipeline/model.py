@@ -21,7 +21,13 @@ from flow.pipeline.features import (
     feature_inputs,
     feature_name,
 )
-from flow.pipeline.schema import Field, check_identifier, check_interval, check_trigger
+from flow.pipeline.schema import (
+    Field,
+    check_identifier,
+    check_interval,
+    check_trigger,
+    did_you_mean,
+)
 from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
 
 __all__ = [
@@ -204,6 +210,7 @@ class Pipeline:
                 raise ConfigError(
                     f"HandoffOutput.shuffle_key={key!r} is not a passthrough column of stage "
                     f"{stage.name!r} (passthrough: {', '.join(passthrough) or 'none'})"
+                    f"{did_you_mean(key, passthrough)}"
                 )
         object.__setattr__(self, "columns", columns)
 
@@ -225,6 +232,7 @@ class Pipeline:
         raise ConfigError(
             f"pipeline {self.name!r} has no stage {name!r}; stages: "
             f"{', '.join(s.name for s in self.stages)}"
+            f"{did_you_mean(name, (s.name for s in self.stages))}"
         )
 
     def source(self, name: str, *, used_by: str) -> Source:
@@ -233,7 +241,7 @@ class Pipeline:
         except KeyError:
             raise ConfigError(
                 f"{used_by} names source {name!r}, which the pipeline does not define; "
-                f"sources: {_names(self.sources)}"
+                f"sources: {_names(self.sources)}{did_you_mean(name, self.sources)}"
             ) from None
 
     def _check_stage(self, stage: Stage) -> dict[str, Field]:
@@ -264,6 +272,7 @@ class Pipeline:
                     raise ConfigError(
                         f"{where}: label join key {label.key!r} is not a column of the {side} "
                         f"{source_name!r}; its columns: {_names(fields)}"
+                        f"{did_you_mean(label.key, fields)}"
                     )
             if other.event_time is None or events.event_time is None:
                 raise ConfigError(f"{where}: a label join needs event_time on both sources")
@@ -278,13 +287,13 @@ class Pipeline:
             if enrich.on not in available:
                 raise ConfigError(
                     f"{where}: enrich key {enrich.on!r} is not available from the events; "
-                    f"available: {_names(available)}"
+                    f"available: {_names(available)}{did_you_mean(enrich.on, available)}"
                 )
             for column in (enrich.on, *enrich.columns):
                 if column not in dim_fields:
                     raise ConfigError(
                         f"{where}: enrich source {enrich.source!r} has no column {column!r}; its "
-                        f"columns: {_names(dim_fields)}"
+                        f"columns: {_names(dim_fields)}{did_you_mean(column, dim_fields)}"
                     )
             for column in enrich.columns:
                 added = Field(enrich.prefix + column, dim_fields[column].type)
@@ -311,7 +320,7 @@ class Pipeline:
             if column not in available:
                 raise ConfigError(
                     f"{where}: {user} reads column {column!r}, which does not exist here; "
-                    f"available: {_names(available)}"
+                    f"available: {_names(available)}{did_you_mean(column, available)}"
                 )
             return available[column]
 

@@ -17,6 +17,7 @@ from flow.config import StackConfig
 from flow.engine import RunOptions, load_engine
 from flow.errors import FlowError
 from flow.pipeline.model import Pipeline
+from flow.pipeline.schema import did_you_mean
 
 __all__ = ["RunOptions", "parse_run_args", "run_main"]
 
@@ -29,7 +30,7 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
         "--stage",
         action="append",
         default=[],
-        choices=list(stage_names),
+        metavar="{" + ",".join(stage_names) + "}",
         help="stage to run (repeatable; default: all, in order)",
     )
     parser.add_argument(
@@ -44,6 +45,13 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
         "--since-snapshot", type=int, help="backfill: only event snapshots after this one"
     )
     args = parser.parse_args(list(argv))
+    for name in args.stage:
+        if name not in stage_names:
+            # argparse's own choices check, with a suggestion (Python 3.14 has suggest_on_error).
+            parser.error(
+                f"argument --stage: invalid choice: {name!r} (choose from "
+                f"{', '.join(stage_names)}){did_you_mean(name, stage_names)}"
+            )
     ordered = tuple(s for s in stage_names if s in args.stage)
     return RunOptions(
         stages=ordered,

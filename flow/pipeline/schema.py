@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -15,6 +17,7 @@ __all__ = [
     "check_identifier",
     "check_interval",
     "check_trigger",
+    "did_you_mean",
 ]
 
 FieldType = Literal[
@@ -40,6 +43,13 @@ _INTERVAL = re.compile(r"^\d+ (second|minute|hour|day)s?$")
 _TRIGGER_PART = r"(\d+(\.\d+)?\s+seconds?|\d+\s+(microsecond|millisecond|minute|hour|day|week)s?)"
 _TRIGGER = re.compile(rf"^(interval\s+)?{_TRIGGER_PART}(\s+{_TRIGGER_PART})*$", re.IGNORECASE)
 _TRIGGER_EXAMPLES = "'10 seconds', '500 milliseconds', '1 minute', '1 minute 30 seconds'"
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the candidate closest to a mistyped ``name``, else ``""``:
+    appended to an unknown-name error after its list of what exists."""
+    close = difflib.get_close_matches(name, [c for c in candidates if c != name], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def check_identifier(value: str, what: str) -> None:
@@ -95,7 +105,10 @@ class Field:
         check_identifier(self.name, "Field.name")
         if self.type not in FIELD_TYPES:
             known = ", ".join(FIELD_TYPES)
-            raise ConfigError(f"Field {self.name!r}: type {self.type!r} is unknown; types: {known}")
+            raise ConfigError(
+                f"Field {self.name!r}: type {self.type!r} is unknown; types: {known}"
+                f"{did_you_mean(self.type, FIELD_TYPES)}"
+            )
         if (self.min is not None or self.max is not None) and self.type not in NUMERIC_TYPES:
             raise ConfigError(f"Field {self.name!r}: min/max need a numeric type, not {self.type}")
         if self.min is not None and self.max is not None and self.min > self.max:

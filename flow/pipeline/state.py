@@ -25,6 +25,7 @@ from flow.pipeline.features import (
     Vocabulary,
     feature_name,
 )
+from flow.pipeline.schema import did_you_mean
 from flow.storage import Location, location
 
 __all__ = ["FeatureState", "Layout", "layout", "states_location"]
@@ -134,7 +135,7 @@ class FeatureState:
             have = [n.removesuffix(".json") for n in folder.list(".json")]
             raise ConfigError(
                 f"feature state {version} of spec {spec.name!r} is not in {folder}; "
-                f"versions there: {', '.join(have) or 'none'}"
+                f"versions there: {', '.join(have) or 'none'}{did_you_mean(version, have)}"
             )
         state = cls.from_json(folder.read_bytes(f"{version}.json").decode())
         state.check(spec)

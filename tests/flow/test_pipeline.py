@@ -272,3 +272,54 @@ def test_a_live_trigger_spark_would_refuse_at_run_time_is_refused_when_built(
 ) -> None:
     with pytest.raises(ConfigError, match=rf"LiveStage\('s'\)\.trigger=.*{message}"):
         LiveStage("s", events="e", features=spec(), channel="c", trigger=trigger)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (_live(events="event"), r"sources: clicks, events, users; did you mean 'events'\?"),
+        (
+            _live(features=spec(Numeric("prise"))),
+            r"reads column 'prise', which does not exist here; available: .*; did you mean 'price'",
+        ),
+        (
+            _live(enrich=(Enrich("users", on="user_id", columns=("county",)),)),
+            r"has no column 'county'; its columns: country, user_id; did you mean 'country'\?",
+        ),
+        (
+            _live(label=LabelJoin("clicks", key="idd")),
+            r"key 'idd' is not a column of the events .*; did you mean 'id'\?",
+        ),
+        (
+            lambda: pipeline().stage("lvie"),
+            r"has no stage 'lvie'; stages: live; did you mean 'live'",
+        ),
+        (lambda: Field("x", "strng"), r"types: .*; did you mean 'string'\?"),  # type: ignore[arg-type]
+        (
+            lambda: KafkaSource("t", EVENTS, event_time="tss"),
+            r"event_time 'tss' is not a declared column; .*; did you mean 'ts'\?",
+        ),
+    ],
+)
+def test_an_unknown_name_suggests_the_closest_known_one(
+    build: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+def test_an_unknown_name_far_from_every_known_one_suggests_nothing() -> None:
+    with pytest.raises(ConfigError) as refused:
+        _live(events="zzz")()
+    assert "did you mean" not in str(refused.value)
+
+
+def test_an_unknown_stage_on_the_command_line_suggests_the_closest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_run_args(["--stage", "backfil"], ["backfill", "live"])
+    assert (
+        "invalid choice: 'backfil' (choose from backfill, live); did you mean 'backfill'?"
+        in capsys.readouterr().err
+    )
