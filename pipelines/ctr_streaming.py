@@ -21,9 +21,14 @@ from pipelines.ctr import (
 )
 
 
-def ctr_streaming(namespace: str = NAMESPACE, max_records_per_batch: int | None = None) -> Pipeline:
+def ctr_streaming(
+    namespace: str = NAMESPACE,
+    max_records_per_batch: int | None = None,
+    trigger: str = "10 seconds",
+) -> Pipeline:
     """``max_records_per_batch`` caps impressions per micro-batch (a backlog is worked off in
-    steps rather than one huge batch)."""
+    steps rather than one huge batch); ``trigger`` is the micro-batch interval of continuous
+    runs."""
     return Pipeline(
         name="ctr_streaming",
         namespace=namespace,
@@ -48,7 +53,7 @@ def ctr_streaming(namespace: str = NAMESPACE, max_records_per_batch: int | None 
                 enrich=enrichment(),
                 features=ctr_features(),
                 channel="live",
-                trigger="10 seconds",
+                trigger=trigger,
             ),
         ),
     )

@@ -3,12 +3,16 @@
 Everything is checked when the :class:`Pipeline` is built, before any engine starts: a stage that
 names an unknown source, a join key one side lacks, a feature that reads a column no source or
 join provides, two stages writing one channel. Each error names what is wrong and what exists.
+
+Pipelines compose: :meth:`Pipeline.combine` puts several side by side as one, and
+:meth:`Pipeline.renamed` renames sources (and the stages' references to them) or stages first,
+where two of them use one name for different things.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar, overload
 
 from flow.errors import ConfigError, HandoffError
@@ -167,6 +171,35 @@ def _names(mapping: Mapping[str, object]) -> str:
     return ", ".join(sorted(mapping)) or "none"
 
 
+def _with_sources(stage: StageT, names: Mapping[str, str]) -> StageT:
+    """``stage`` reading the sources ``names`` renames (old -> new) under their new names."""
+    label = stage.label and replace(
+        stage.label, source=names.get(stage.label.source, stage.label.source)
+    )
+    return replace(
+        stage,
+        events=names.get(stage.events, stage.events),
+        label=label,
+        enrich=tuple(replace(e, source=names.get(e.source, e.source)) for e in stage.enrich),
+    )
+
+
+def _check_renames(kind: str, renames: Mapping[str, str], existing: list[str], owner: str) -> None:
+    for old in renames:
+        if old not in existing:
+            raise ConfigError(
+                f"pipeline {owner!r}: cannot rename {kind} {old!r}, which it does not have; "
+                f"{kind}s: {', '.join(existing) or 'none'}{did_you_mean(old, existing)}"
+            )
+    after = [renames.get(n, n) for n in existing]
+    for old, new in renames.items():
+        if after.count(new) > 1:
+            raise ConfigError(
+                f"pipeline {owner!r}: renaming {kind} {old!r} to {new!r} clashes with its "
+                f"{kind} {new!r}; choose another name"
+            )
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """Sources and the stages that turn them into training rows."""
@@ -233,6 +266,98 @@ class Pipeline:
             f"pipeline {self.name!r} has no stage {name!r}; stages: "
             f"{', '.join(s.name for s in self.stages)}"
             f"{did_you_mean(name, (s.name for s in self.stages))}"
+        )
+
+    def renamed(
+        self,
+        *,
+        sources: Mapping[str, str] | None = None,
+        stages: Mapping[str, str] | None = None,
+    ) -> Pipeline:
+        """A copy with ``sources`` renamed (old name -> new), every stage's events, label join
+        and enrichment following them, and ``stages`` renamed; validated like any pipeline.
+
+        ``ctr_backfill().renamed(sources={"impressions": "history"})`` reads its events from
+        a source called ``history``, which can then sit beside a streaming ``impressions``.
+        """
+        source_names = dict(sources or {})
+        stage_names = dict(stages or {})
+        _check_renames("source", source_names, list(self.sources), self.name)
+        _check_renames("stage", stage_names, [s.name for s in self.stages], self.name)
+        return replace(
+            self,
+            sources={source_names.get(k, k): v for k, v in self.sources.items()},
+            stages=tuple(
+                replace(_with_sources(s, source_names), name=stage_names.get(s.name, s.name))
+                for s in self.stages
+            ),
+        )
+
+    @classmethod
+    def combine(
+        cls,
+        name: str,
+        *parts: Pipeline,
+        namespace: str | None = None,
+        output: Output | None = None,
+    ) -> Pipeline:
+        """One pipeline named ``name`` of ``parts``: their sources side by side, their stages in
+        order; validated like any pipeline.
+
+        A source that several parts define identically (a shared dimension table) is one
+        source. A source name two parts use for different sources, or a stage name both use,
+        is an error: rename it in one part first with :meth:`renamed`. ``namespace`` and
+        ``output`` default to the parts' own, which must then agree.
+        """
+        if not parts:
+            raise ConfigError(f"Pipeline.combine({name!r}) got no pipelines to combine")
+        if namespace is None:
+            namespaces = sorted({p.namespace for p in parts})
+            if len(namespaces) > 1:
+                raise ConfigError(
+                    f"Pipeline.combine({name!r}): the pipelines use namespaces "
+                    f"{', '.join(namespaces)}; choose one with namespace=..."
+                )
+            namespace = namespaces[0]
+        if output is None:
+            output = parts[0].output
+            for part in parts[1:]:
+                if part.output != output:
+                    raise ConfigError(
+                        f"Pipeline.combine({name!r}): {parts[0].name!r} and {part.name!r} write "
+                        f"to different outputs ({output} and {part.output}); choose one with "
+                        "output=..."
+                    )
+        sources: dict[str, Source] = {}
+        defined_by: dict[str, str] = {}
+        stages: dict[str, str] = {}
+        for part in parts:
+            for source_name, source in part.sources.items():
+                if source_name in sources and sources[source_name] != source:
+                    raise ConfigError(
+                        f"Pipeline.combine({name!r}): {defined_by[source_name]!r} and "
+                        f"{part.name!r} both have a source named {source_name!r}, and they "
+                        f"differ; rename it in one of them first, e.g. "
+                        f"{part.name}.renamed(sources={{{source_name!r}: "
+                        f"{part.name + '_' + source_name!r}}})"
+                    )
+                sources.setdefault(source_name, source)
+                defined_by.setdefault(source_name, part.name)
+            for stage in part.stages:
+                if stage.name in stages:
+                    raise ConfigError(
+                        f"Pipeline.combine({name!r}): {stages[stage.name]!r} and {part.name!r} "
+                        f"both have a stage named {stage.name!r}; rename it in one of them first, "
+                        f"e.g. {part.name}.renamed(stages={{{stage.name!r}: "
+                        f"{part.name + '_' + stage.name!r}}})"
+                    )
+                stages[stage.name] = part.name
+        return cls(
+            name=name,
+            namespace=namespace,
+            sources=sources,
+            stages=tuple(stage for part in parts for stage in part.stages),
+            output=output,
         )
 
     def source(self, name: str, *, used_by: str) -> Source:

@@ -25,6 +25,7 @@ from flow.pipeline import (
     LiveStage,
     Numeric,
     Pipeline,
+    TableOutput,
     Vocabulary,
     run_main,
 )
@@ -323,3 +324,84 @@ def test_an_unknown_stage_on_the_command_line_suggests_the_closest(
         "invalid choice: 'backfil' (choose from backfill, live); did you mean 'backfill'?"
         in capsys.readouterr().err
     )
+
+
+def _history(name: str = "hist") -> Pipeline:
+    sources = {
+        "events": IcebergSource("ns.events", EVENTS, event_time="ts"),
+        "clicks": IcebergSource("ns.clicks", CLICKS, event_time="ts"),
+        "users": IcebergSource("ns.users", USERS),
+    }
+    stage = BackfillStage(
+        "backfill",
+        events="events",
+        label=LabelJoin("clicks", key="id"),
+        enrich=(Enrich("users", on="user_id", columns=("country",), prefix="user_"),),
+        features=spec(Vocabulary("user_country")),
+        channel="backfill",
+    )
+    return Pipeline(name, "ns", sources, (stage,))
+
+
+def test_renaming_a_source_renames_every_reference_to_it() -> None:
+    renamed = _history().renamed(sources={"events": "history", "users": "people"})
+    assert list(renamed.sources) == ["history", "clicks", "people"]
+    stage = renamed.stage("backfill", BackfillStage)
+    assert stage.events == "history"
+    assert stage.label == LabelJoin("clicks", key="id")
+    assert [e.source for e in stage.enrich] == ["people"]
+    assert renamed.columns == _history().columns
+    assert _history().renamed(stages={"backfill": "bf"}).stage("bf").channel == "backfill"
+
+
+@pytest.mark.parametrize(
+    ("renames", "message"),
+    [
+        ({"sources": {"event": "x"}}, r"cannot rename source 'event'.*did you mean 'events'\?"),
+        ({"sources": {"events": "clicks"}}, r"renaming source 'events' to 'clicks' clashes"),
+        ({"sources": {"events": "Bad"}}, r"source name='Bad': use lower-case"),
+        ({"stages": {"bf": "x"}}, r"cannot rename stage 'bf'.*stages: backfill"),
+    ],
+)
+def test_a_rename_that_cannot_work_is_refused(renames: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _history().renamed(**renames)
+
+
+def test_combined_pipelines_share_identical_sources_and_keep_stage_order() -> None:
+    history = _history().renamed(sources={"events": "history", "clicks": "history_clicks"})
+    combined = Pipeline.combine("both", history, pipeline())
+    assert [s.name for s in combined.stages] == ["backfill", "live"]
+    assert list(combined.sources) == ["history", "history_clicks", "users", "events", "clicks"]
+    assert combined.namespace == "ns"
+    assert combined.columns["live"] == pipeline().columns["live"]
+
+
+def test_combining_pipelines_that_clash_says_how_to_rename() -> None:
+    # "events" (and "clicks") is a table in one and a topic in the other.
+    with pytest.raises(
+        ConfigError,
+        match=r"'hist' and 'p' both have a source named 'events', and they differ; rename it in "
+        r"one of them first, e.g. p.renamed\(sources=\{'events': 'p_events'\}\)",
+    ):
+        Pipeline.combine("both", _history(), pipeline())
+    with pytest.raises(
+        ConfigError,
+        match=r"'hist' and 'other' both have a stage named 'backfill'; rename it in one of them "
+        r"first, e.g. other.renamed\(stages=\{'backfill': 'other_backfill'\}\)",
+    ):
+        Pipeline.combine("both", _history(), _history("other"))
+    with pytest.raises(ConfigError, match=r"both write channel 'backfill'"):
+        Pipeline.combine("both", _history(), _history("other").renamed(stages={"backfill": "b2"}))
+    elsewhere = dataclasses.replace(pipeline(), namespace="other")
+    with pytest.raises(ConfigError, match=r"namespaces ns, other; choose one with namespace="):
+        Pipeline.combine(
+            "both", _history().renamed(sources={"events": "e", "clicks": "c"}), elsewhere
+        )
+    to_tables = dataclasses.replace(pipeline(), output=TableOutput())
+    with pytest.raises(ConfigError, match=r"'hist' and 'p' write to different outputs"):
+        Pipeline.combine(
+            "both", _history().renamed(sources={"events": "e", "clicks": "c"}), to_tables
+        )
+    with pytest.raises(ConfigError, match=r"got no pipelines to combine"):
+        Pipeline.combine("none")
