@@ -2,37 +2,65 @@
 
 ``flow`` is the engine-neutral core and never imports ``spark_jobs`` or ``trainers``. An engine
 package registers itself under the entry-point group ``primus_flow.engines`` (see
-``pyproject.toml``); the CLI and ``pipelines/`` reach it through :func:`load_engine`. Without the
-package installed, the error names the extra to install.
+``pyproject.toml``); the CLI, the handoff and ``flow.pipeline.run_main`` reach it through
+:func:`load_engine`. Without the package installed, the error names the extra to install.
+
+This module is the interface only (what an engine is asked, with which :class:`RunOptions`, and
+how one is found), so it sits below the pipeline model in the layers and imports none of it.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from flow.config import StackConfig
-from flow.errors import EngineNotFoundError, FlowError
-from flow.pipeline.model import Pipeline
-from flow.pipeline.run import RunOptions, parse_run_args
+from flow.errors import ConfigError, EngineNotFoundError
 
 __all__ = [
     "ENGINE_GROUP",
     "TRAINER_GROUP",
     "BatchEngine",
     "Launch",
+    "Mode",
+    "RunOptions",
     "TensorBackend",
     "load_engine",
     "load_tensor_backend",
-    "run_main",
 ]
 
 ENGINE_GROUP = "primus_flow.engines"
 TRAINER_GROUP = "primus_flow.trainers"
 _EXTRAS = {"spark": "spark", "torch": "train"}
+
+Mode = Literal["available-now", "continuous"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a pipeline: which stages, and for how long; what ``flow run pipelines/x.py
+    ...`` chooses on its command line (flags choose this, never what the pipeline is)."""
+
+    stages: tuple[str, ...] = ()
+    """Stages to run, in the pipeline's order; empty: all of them."""
+    mode: Mode = "available-now"
+    """``available-now``: streams process what has arrived and stop. ``continuous``: they keep
+    running (until ``duration_s`` passes, if set)."""
+    duration_s: float | None = None
+    feature_state: str | None = None
+    """Feature state version to use; default: the latest fitted for the spec."""
+    tracking: bool = True
+    """Log to MLflow."""
+    since_snapshot: int | None = None
+    """Backfill stages read only the Iceberg snapshots of their events after this one."""
+
+    def __post_init__(self) -> None:
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ConfigError(f"--duration {self.duration_s} must be positive")
+        if self.duration_s is not None and self.mode != "continuous":
+            raise ConfigError("--duration applies to --continuous runs")
 
 
 @dataclass(frozen=True)
@@ -102,22 +130,3 @@ def load_tensor_backend(name: str = "torch") -> TensorBackend:
     """The tensor backend registered as ``name``."""
     backend: TensorBackend = _plugin(TRAINER_GROUP, name, TensorBackend)
     return backend
-
-
-def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None) -> None:
-    """Entry of a pipeline file: ``if __name__ == "__main__": run_main(my_pipeline())``.
-
-    Works under ``spark-submit`` (the session keeps spark-submit's settings) and under ``flow
-    run``; ``argv`` (default: the command line) chooses stages and run mode for a
-    :class:`~flow.pipeline.Pipeline`. Exits with the engine's exit code.
-    """
-    try:
-        options = RunOptions()
-        if isinstance(spec, Pipeline):
-            args = sys.argv[1:] if argv is None else argv
-            options = parse_run_args(args, [s.name for s in spec.stages])
-        code = load_engine(engine).run(spec, StackConfig.from_env(), options)
-    except FlowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        code = 1
-    raise SystemExit(code)

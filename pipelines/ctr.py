@@ -13,10 +13,10 @@ from flow.pipeline import (
     FeatureSpec,
     Field,
     Hashed,
+    HashedSequence,
     IcebergSource,
     LabelJoin,
     Numeric,
-    Sequence,
     Vocabulary,
 )
 
@@ -95,7 +95,7 @@ def ctr_features() -> FeatureSpec:
             Numeric("item_price", log=True),
             Numeric("item_rating"),
             Numeric("position", clip=(1, 50), log=True),
-            Sequence("user_recent_items", max_length=10, buckets=1 << 16),
+            HashedSequence("user_recent_items", max_length=10, buckets=1 << 16),
         ),
         label="label",
         passthrough=("ts", "label_time", "impression_id"),

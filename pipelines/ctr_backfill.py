@@ -7,8 +7,7 @@ spark-submit $(flow spark-args) pipelines/ctr_backfill.py
 
 from __future__ import annotations
 
-from flow.engine import run_main
-from flow.pipeline import BackfillStage, IcebergSource, Pipeline
+from flow.pipeline import BackfillStage, IcebergSource, Pipeline, run_main
 from pipelines.ctr import (
     CLICK_FIELDS,
     IMPRESSION_FIELDS,

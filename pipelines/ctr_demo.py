@@ -12,42 +12,23 @@ in micro-batches of at most ``max_records_per_batch`` impressions, each a commit
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from flow.engine import run_main
-from flow.pipeline import BackfillStage, LiveStage, Pipeline
+from flow.pipeline import Pipeline, run_main
 from pipelines.ctr import NAMESPACE
 from pipelines.ctr_backfill import ctr_backfill
 from pipelines.ctr_streaming import ctr_streaming
 
 
 def ctr_demo(namespace: str = NAMESPACE, max_records_per_batch: int = 5_000) -> Pipeline:
-    """The two CTR pipelines as one: their sources side by side (the history renamed, since
-    both call their events "impressions"), the backfill's stage, then the live one."""
-    history = ctr_backfill(namespace)
-    live = ctr_streaming(namespace, max_records_per_batch=max_records_per_batch)
-    backfill = history.stage("backfill")
-    streaming = live.stage("live")
-    assert isinstance(backfill, BackfillStage)
-    assert isinstance(streaming, LiveStage)
-    assert backfill.label is not None
-    return Pipeline(
-        name="ctr_demo",
-        namespace=namespace,
-        sources={
-            "history": history.sources["impressions"],
-            "history_clicks": history.sources["clicks"],
-            **live.sources,
-        },
-        stages=(
-            replace(
-                backfill,
-                events="history",
-                label=replace(backfill.label, source="history_clicks"),
-            ),
-            replace(streaming, trigger="2 seconds"),
-        ),
+    """The two CTR pipelines as one: the backfill's stage, then the live one (micro-batches every
+    2 seconds). Both call their events "impressions" and their labels "clicks", so the
+    history's are renamed; the dimension tables they share are one source each."""
+    history = ctr_backfill(namespace).renamed(
+        sources={"impressions": "history", "clicks": "history_clicks"}
     )
+    live = ctr_streaming(
+        namespace, max_records_per_batch=max_records_per_batch, trigger="2 seconds"
+    )
+    return Pipeline.combine("ctr_demo", history, live)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,7 @@ Needs the feature state the backfill fitted (run pipelines/ctr_backfill.py first
 
 from __future__ import annotations
 
-from flow.engine import run_main
-from flow.pipeline import KafkaSource, LiveStage, Pipeline
+from flow.pipeline import KafkaSource, LiveStage, Pipeline, run_main
 from pipelines.ctr import (
     CLICK_FIELDS,
     IMPRESSION_FIELDS,
@@ -22,9 +21,14 @@ from pipelines.ctr import (
 )
 
 
-def ctr_streaming(namespace: str = NAMESPACE, max_records_per_batch: int | None = None) -> Pipeline:
+def ctr_streaming(
+    namespace: str = NAMESPACE,
+    max_records_per_batch: int | None = None,
+    trigger: str = "10 seconds",
+) -> Pipeline:
     """``max_records_per_batch`` caps impressions per micro-batch (a backlog is worked off in
-    steps rather than one huge batch)."""
+    steps rather than one huge batch); ``trigger`` is the micro-batch interval of continuous
+    runs."""
     return Pipeline(
         name="ctr_streaming",
         namespace=namespace,
@@ -49,7 +53,7 @@ def ctr_streaming(namespace: str = NAMESPACE, max_records_per_batch: int | None 
                 enrich=enrichment(),
                 features=ctr_features(),
                 channel="live",
-                trigger="10 seconds",
+                trigger=trigger,
             ),
         ),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from flow.engine import run_main
+from flow.pipeline import run_main
 from flow.pipeline.smoke import SmokeCheck
 
 

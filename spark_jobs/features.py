@@ -21,8 +21,8 @@ from flow.pipeline.features import (
     Feature,
     FeatureSpec,
     Hashed,
+    HashedSequence,
     Numeric,
-    Sequence,
     Vocabulary,
     feature_name,
 )
@@ -87,7 +87,7 @@ def _dense_value(feature: Numeric, state: FeatureState) -> Column:
     return x.cast("float")
 
 
-def _sequence(feature: Sequence) -> Column:
+def _sequence(feature: HashedSequence) -> Column:
     name = feature_name(feature)
     values = F.coalesce(F.col(feature.column), F.array())
     hashed = F.transform(
@@ -151,7 +151,7 @@ def training_columns(spec: FeatureSpec, state: FeatureState) -> list[Column]:
     columns += [
         _sequence(f).alias(f"seq_{feature_name(f)}")
         for f in spec.of_kind("sequence")
-        if isinstance(f, Sequence)
+        if isinstance(f, HashedSequence)
     ]
     columns += [F.col(c) for c in spec.passthrough if c != spec.label]
     return columns

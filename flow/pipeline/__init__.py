@@ -1,8 +1,9 @@
 """Pipeline definitions: sources, joins, features and stages, validated when built.
 
-    from flow.pipeline import Field, KafkaSource, IcebergSource, LiveStage, Pipeline, ...
+    from flow.pipeline import Field, KafkaSource, IcebergSource, LiveStage, Pipeline, run_main
 
-A definition is plain data; ``spark_jobs`` runs it (``flow run pipelines/x.py``).
+A definition is plain data; ``spark_jobs`` runs it (``flow run pipelines/x.py``), entering
+through :func:`run_main` at the bottom of the file.
 """
 
 from flow.pipeline.features import (
@@ -11,8 +12,8 @@ from flow.pipeline.features import (
     Feature,
     FeatureSpec,
     Hashed,
+    HashedSequence,
     Numeric,
-    Sequence,
     Vocabulary,
 )
 from flow.pipeline.model import (
@@ -26,7 +27,7 @@ from flow.pipeline.model import (
     Stage,
     TableOutput,
 )
-from flow.pipeline.run import RunOptions
+from flow.pipeline.run import RunOptions, run_main
 from flow.pipeline.schema import Field
 from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
 from flow.pipeline.state import FeatureState, Layout, layout
@@ -43,6 +44,7 @@ __all__ = [
     "Field",
     "HandoffOutput",
     "Hashed",
+    "HashedSequence",
     "IcebergSource",
     "KafkaSource",
     "LabelJoin",
@@ -52,10 +54,10 @@ __all__ = [
     "Output",
     "Pipeline",
     "RunOptions",
-    "Sequence",
     "Source",
     "Stage",
     "TableOutput",
     "Vocabulary",
     "layout",
+    "run_main",
 ]

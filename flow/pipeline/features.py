@@ -23,8 +23,8 @@ __all__ = [
     "Feature",
     "FeatureSpec",
     "Hashed",
+    "HashedSequence",
     "Numeric",
-    "Sequence",
     "Vocabulary",
 ]
 
@@ -142,7 +142,7 @@ class Cross:
 
 
 @dataclass(frozen=True)
-class Sequence:
+class HashedSequence:
     """A multi-valued column: up to ``max_length`` values hashed into ``buckets``, 0-padded."""
 
     column: str
@@ -153,15 +153,19 @@ class Sequence:
     def __post_init__(self) -> None:
         if not 1 <= self.max_length <= 4096:
             raise ConfigError(
-                f"Sequence({self.column!r}): max_length={self.max_length} not in 1..4096"
+                f"HashedSequence({self.column!r}): max_length={self.max_length} not in 1..4096"
             )
-        _buckets(self.buckets, f"Sequence({self.column!r})")
+        _buckets(self.buckets, f"HashedSequence({self.column!r})")
 
     kind: ClassVar[Kind] = "sequence"
     fitted: ClassVar[bool] = False
 
 
-Feature = Hashed | Vocabulary | Numeric | Bucketized | Cross | Sequence
+Feature = Hashed | Vocabulary | Numeric | Bucketized | Cross | HashedSequence
+
+# HashedSequence was called Sequence (which shadowed collections.abc.Sequence); fingerprints keep
+# the old name so that feature states fitted before the rename still belong to their spec.
+_FINGERPRINT_KIND: dict[type, str] = {HashedSequence: "Sequence"}
 
 
 def feature_name(feature: Feature) -> str:
@@ -240,7 +244,10 @@ class FeatureSpec:
         canonical = json.dumps(
             {
                 "name": self.name,
-                "features": [[type(f).__name__, asdict(f)] for f in self.features],
+                "features": [
+                    [_FINGERPRINT_KIND.get(type(f), type(f).__name__), asdict(f)]
+                    for f in self.features
+                ],
                 "label": self.label,
                 "weight": self.weight,
                 "passthrough": list(self.passthrough),

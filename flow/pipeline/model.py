@@ -3,25 +3,35 @@
 Everything is checked when the :class:`Pipeline` is built, before any engine starts: a stage that
 names an unknown source, a join key one side lacks, a feature that reads a column no source or
 join provides, two stages writing one channel. Each error names what is wrong and what exists.
+
+Pipelines compose: :meth:`Pipeline.combine` puts several side by side as one, and
+:meth:`Pipeline.renamed` renames sources (and the stages' references to them) or stages first,
+where two of them use one name for different things.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal, TypeVar, overload
 
 from flow.errors import ConfigError, HandoffError
 from flow.handoff.shards import codec
 from flow.pipeline.features import (
     Bucketized,
     FeatureSpec,
+    HashedSequence,
     Numeric,
-    Sequence,
     feature_inputs,
     feature_name,
 )
-from flow.pipeline.schema import Field, check_identifier, check_interval
+from flow.pipeline.schema import (
+    Field,
+    check_identifier,
+    check_interval,
+    check_trigger,
+    did_you_mean,
+)
 from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
 
 __all__ = [
@@ -104,12 +114,17 @@ class LiveStage:
     label: LabelJoin | None = None
     enrich: tuple[Enrich, ...] = ()
     trigger: str = "10 seconds"
-    """Micro-batch interval when running continuously."""
+    """Micro-batch interval when running continuously (``--continuous``), as Spark's
+    ``processingTime`` takes it: '10 seconds', '500 milliseconds', '1 minute'."""
 
     streaming = True
 
+    def __post_init__(self) -> None:
+        check_trigger(self.trigger, f"LiveStage({self.name!r}).trigger")
+
 
 Stage = BackfillStage | LiveStage
+StageT = TypeVar("StageT", bound=Stage)
 
 
 @dataclass(frozen=True)
@@ -156,6 +171,35 @@ def _names(mapping: Mapping[str, object]) -> str:
     return ", ".join(sorted(mapping)) or "none"
 
 
+def _with_sources(stage: StageT, names: Mapping[str, str]) -> StageT:
+    """``stage`` reading the sources ``names`` renames (old -> new) under their new names."""
+    label = stage.label and replace(
+        stage.label, source=names.get(stage.label.source, stage.label.source)
+    )
+    return replace(
+        stage,
+        events=names.get(stage.events, stage.events),
+        label=label,
+        enrich=tuple(replace(e, source=names.get(e.source, e.source)) for e in stage.enrich),
+    )
+
+
+def _check_renames(kind: str, renames: Mapping[str, str], existing: list[str], owner: str) -> None:
+    for old in renames:
+        if old not in existing:
+            raise ConfigError(
+                f"pipeline {owner!r}: cannot rename {kind} {old!r}, which it does not have; "
+                f"{kind}s: {', '.join(existing) or 'none'}{did_you_mean(old, existing)}"
+            )
+    after = [renames.get(n, n) for n in existing]
+    for old, new in renames.items():
+        if after.count(new) > 1:
+            raise ConfigError(
+                f"pipeline {owner!r}: renaming {kind} {old!r} to {new!r} clashes with its "
+                f"{kind} {new!r}; choose another name"
+            )
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """Sources and the stages that turn them into training rows."""
@@ -199,16 +243,121 @@ class Pipeline:
                 raise ConfigError(
                     f"HandoffOutput.shuffle_key={key!r} is not a passthrough column of stage "
                     f"{stage.name!r} (passthrough: {', '.join(passthrough) or 'none'})"
+                    f"{did_you_mean(key, passthrough)}"
                 )
         object.__setattr__(self, "columns", columns)
 
-    def stage(self, name: str) -> Stage:
+    @overload
+    def stage(self, name: str) -> Stage: ...
+    @overload
+    def stage(self, name: str, kind: type[StageT]) -> StageT: ...
+    def stage(self, name: str, kind: type[StageT] | None = None) -> Stage:
+        """The stage called ``name``; with ``kind`` (``LiveStage``, ``BackfillStage``) typed as
+        one, or a :class:`ConfigError` if it is of another kind."""
         for stage in self.stages:
             if stage.name == name:
+                if kind is not None and not isinstance(stage, kind):
+                    raise ConfigError(
+                        f"pipeline {self.name!r}: stage {name!r} is a {type(stage).__name__}, "
+                        f"not a {kind.__name__}"
+                    )
                 return stage
         raise ConfigError(
             f"pipeline {self.name!r} has no stage {name!r}; stages: "
             f"{', '.join(s.name for s in self.stages)}"
+            f"{did_you_mean(name, (s.name for s in self.stages))}"
+        )
+
+    def renamed(
+        self,
+        *,
+        sources: Mapping[str, str] | None = None,
+        stages: Mapping[str, str] | None = None,
+    ) -> Pipeline:
+        """A copy with ``sources`` renamed (old name -> new), every stage's events, label join
+        and enrichment following them, and ``stages`` renamed; validated like any pipeline.
+
+        ``ctr_backfill().renamed(sources={"impressions": "history"})`` reads its events from
+        a source called ``history``, which can then sit beside a streaming ``impressions``.
+        """
+        source_names = dict(sources or {})
+        stage_names = dict(stages or {})
+        _check_renames("source", source_names, list(self.sources), self.name)
+        _check_renames("stage", stage_names, [s.name for s in self.stages], self.name)
+        return replace(
+            self,
+            sources={source_names.get(k, k): v for k, v in self.sources.items()},
+            stages=tuple(
+                replace(_with_sources(s, source_names), name=stage_names.get(s.name, s.name))
+                for s in self.stages
+            ),
+        )
+
+    @classmethod
+    def combine(
+        cls,
+        name: str,
+        *parts: Pipeline,
+        namespace: str | None = None,
+        output: Output | None = None,
+    ) -> Pipeline:
+        """One pipeline named ``name`` of ``parts``: their sources side by side, their stages in
+        order; validated like any pipeline.
+
+        A source that several parts define identically (a shared dimension table) is one
+        source. A source name two parts use for different sources, or a stage name both use,
+        is an error: rename it in one part first with :meth:`renamed`. ``namespace`` and
+        ``output`` default to the parts' own, which must then agree.
+        """
+        if not parts:
+            raise ConfigError(f"Pipeline.combine({name!r}) got no pipelines to combine")
+        if namespace is None:
+            namespaces = sorted({p.namespace for p in parts})
+            if len(namespaces) > 1:
+                raise ConfigError(
+                    f"Pipeline.combine({name!r}): the pipelines use namespaces "
+                    f"{', '.join(namespaces)}; choose one with namespace=..."
+                )
+            namespace = namespaces[0]
+        if output is None:
+            output = parts[0].output
+            for part in parts[1:]:
+                if part.output != output:
+                    raise ConfigError(
+                        f"Pipeline.combine({name!r}): {parts[0].name!r} and {part.name!r} write "
+                        f"to different outputs ({output} and {part.output}); choose one with "
+                        "output=..."
+                    )
+        sources: dict[str, Source] = {}
+        defined_by: dict[str, str] = {}
+        stages: dict[str, str] = {}
+        for part in parts:
+            for source_name, source in part.sources.items():
+                if source_name in sources and sources[source_name] != source:
+                    raise ConfigError(
+                        f"Pipeline.combine({name!r}): {defined_by[source_name]!r} and "
+                        f"{part.name!r} both have a source named {source_name!r}, and they "
+                        f"differ; rename it in one of them first, e.g. "
+                        f"{part.name}.renamed(sources={{{source_name!r}: "
+                        f"{part.name + '_' + source_name!r}}})"
+                    )
+                sources.setdefault(source_name, source)
+                defined_by.setdefault(source_name, part.name)
+            for stage in part.stages:
+                if stage.name in stages:
+                    raise ConfigError(
+                        f"Pipeline.combine({name!r}): {stages[stage.name]!r} and {part.name!r} "
+                        f"both have a stage named {stage.name!r}; rename it in one of them first, "
+                        f"e.g. {part.name}.renamed(stages={{{stage.name!r}: "
+                        f"{part.name + '_' + stage.name!r}}})"
+                    )
+                stages[stage.name] = part.name
+        return cls(
+            name=name,
+            namespace=namespace,
+            sources=sources,
+            stages=tuple(stage for part in parts for stage in part.stages),
+            output=output,
         )
 
     def source(self, name: str, *, used_by: str) -> Source:
@@ -217,7 +366,7 @@ class Pipeline:
         except KeyError:
             raise ConfigError(
                 f"{used_by} names source {name!r}, which the pipeline does not define; "
-                f"sources: {_names(self.sources)}"
+                f"sources: {_names(self.sources)}{did_you_mean(name, self.sources)}"
             ) from None
 
     def _check_stage(self, stage: Stage) -> dict[str, Field]:
@@ -248,6 +397,7 @@ class Pipeline:
                     raise ConfigError(
                         f"{where}: label join key {label.key!r} is not a column of the {side} "
                         f"{source_name!r}; its columns: {_names(fields)}"
+                        f"{did_you_mean(label.key, fields)}"
                     )
             if other.event_time is None or events.event_time is None:
                 raise ConfigError(f"{where}: a label join needs event_time on both sources")
@@ -262,13 +412,13 @@ class Pipeline:
             if enrich.on not in available:
                 raise ConfigError(
                     f"{where}: enrich key {enrich.on!r} is not available from the events; "
-                    f"available: {_names(available)}"
+                    f"available: {_names(available)}{did_you_mean(enrich.on, available)}"
                 )
             for column in (enrich.on, *enrich.columns):
                 if column not in dim_fields:
                     raise ConfigError(
                         f"{where}: enrich source {enrich.source!r} has no column {column!r}; its "
-                        f"columns: {_names(dim_fields)}"
+                        f"columns: {_names(dim_fields)}{did_you_mean(column, dim_fields)}"
                     )
             for column in enrich.columns:
                 added = Field(enrich.prefix + column, dim_fields[column].type)
@@ -295,7 +445,7 @@ class Pipeline:
             if column not in available:
                 raise ConfigError(
                     f"{where}: {user} reads column {column!r}, which does not exist here; "
-                    f"available: {_names(available)}"
+                    f"available: {_names(available)}{did_you_mean(column, available)}"
                 )
             return available[column]
 
@@ -305,11 +455,11 @@ class Pipeline:
                 found = need(column, user)
                 if isinstance(feature, Numeric | Bucketized) and not found.numeric:
                     raise ConfigError(f"{where}: {user} needs a number; {column!r} is {found.type}")
-                if isinstance(feature, Sequence) and not found.is_array:
+                if isinstance(feature, HashedSequence) and not found.is_array:
                     raise ConfigError(f"{where}: {user} needs an array; {column!r} is {found.type}")
-                if not isinstance(feature, Sequence) and found.is_array:
+                if not isinstance(feature, HashedSequence) and found.is_array:
                     raise ConfigError(
-                        f"{where}: {user} reads array column {column!r}; use Sequence for it"
+                        f"{where}: {user} reads array column {column!r}; use HashedSequence for it"
                     )
         label = need(spec.label, "the label")
         if not label.numeric:

@@ -1,42 +1,25 @@
-"""How to run a pipeline: which stages, and for how long. Flags choose this, never what the
-pipeline is (that is the definition's job)."""
+"""Running a pipeline file: its command line chooses which stages and for how long, and
+:func:`run_main` hands the definition to an engine. Flags choose this, never what the pipeline is
+(that is the definition's job).
+
+    if __name__ == "__main__":
+        run_main(my_pipeline())
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
-from flow.errors import ConfigError
+from flow.config import StackConfig
+from flow.engine import RunOptions, load_engine
+from flow.errors import FlowError
+from flow.pipeline.model import Pipeline
+from flow.pipeline.schema import did_you_mean
 
-__all__ = ["RunOptions", "parse_run_args"]
-
-Mode = Literal["available-now", "continuous"]
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """The choices a ``flow run pipelines/x.py ...`` command line makes."""
-
-    stages: tuple[str, ...] = ()
-    """Stages to run, in the pipeline's order; empty: all of them."""
-    mode: Mode = "available-now"
-    """``available-now``: streams process what has arrived and stop. ``continuous``: they keep
-    running (until ``duration_s`` passes, if set)."""
-    duration_s: float | None = None
-    feature_state: str | None = None
-    """Feature state version to use; default: the latest fitted for the spec."""
-    tracking: bool = True
-    """Log to MLflow."""
-    since_snapshot: int | None = None
-    """Backfill stages read only the Iceberg snapshots of their events after this one."""
-
-    def __post_init__(self) -> None:
-        if self.duration_s is not None and self.duration_s <= 0:
-            raise ConfigError(f"--duration {self.duration_s} must be positive")
-        if self.duration_s is not None and self.mode != "continuous":
-            raise ConfigError("--duration applies to --continuous runs")
+__all__ = ["RunOptions", "parse_run_args", "run_main"]
 
 
 def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOptions:
@@ -47,7 +30,7 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
         "--stage",
         action="append",
         default=[],
-        choices=list(stage_names),
+        metavar="{" + ",".join(stage_names) + "}",
         help="stage to run (repeatable; default: all, in order)",
     )
     parser.add_argument(
@@ -62,6 +45,13 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
         "--since-snapshot", type=int, help="backfill: only event snapshots after this one"
     )
     args = parser.parse_args(list(argv))
+    for name in args.stage:
+        if name not in stage_names:
+            # argparse's own choices check, with a suggestion (Python 3.14 has suggest_on_error).
+            parser.error(
+                f"argument --stage: invalid choice: {name!r} (choose from "
+                f"{', '.join(stage_names)}){did_you_mean(name, stage_names)}"
+            )
     ordered = tuple(s for s in stage_names if s in args.stage)
     return RunOptions(
         stages=ordered,
@@ -71,3 +61,22 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
         tracking=not args.no_tracking,
         since_snapshot=args.since_snapshot,
     )
+
+
+def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None) -> None:
+    """Entry of a pipeline file: ``if __name__ == "__main__": run_main(my_pipeline())``.
+
+    Works under ``spark-submit`` (the session keeps spark-submit's settings) and under ``flow
+    run``; ``argv`` (default: the command line) chooses stages and run mode for a
+    :class:`~flow.pipeline.Pipeline`. Exits with the engine's exit code.
+    """
+    try:
+        options = RunOptions()
+        if isinstance(spec, Pipeline):
+            args = sys.argv[1:] if argv is None else argv
+            options = parse_run_args(args, [s.name for s in spec.stages])
+        code = load_engine(engine).run(spec, StackConfig.from_env(), options)
+    except FlowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 1
+    raise SystemExit(code)

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 from flow.errors import ConfigError
 
-__all__ = ["NUMERIC_TYPES", "Field", "FieldType", "check_identifier", "check_interval"]
+__all__ = [
+    "NUMERIC_TYPES",
+    "Field",
+    "FieldType",
+    "check_identifier",
+    "check_interval",
+    "check_trigger",
+    "did_you_mean",
+]
 
 FieldType = Literal[
     "string",
@@ -27,6 +37,19 @@ ARRAY_TYPES = frozenset({"array<string>", "array<long>"})
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 _INTERVAL = re.compile(r"^\d+ (second|minute|hour|day)s?$")
+# What Spark's processingTime trigger parses (IntervalUtils, checked against Spark 4.1): one or
+# more "<count> <unit>" parts, case-insensitive, a fraction only for seconds, nothing negative.
+# Spark refuses months and years for triggers; "1 week" and "500 milliseconds" it takes.
+_TRIGGER_PART = r"(\d+(\.\d+)?\s+seconds?|\d+\s+(microsecond|millisecond|minute|hour|day|week)s?)"
+_TRIGGER = re.compile(rf"^(interval\s+)?{_TRIGGER_PART}(\s+{_TRIGGER_PART})*$", re.IGNORECASE)
+_TRIGGER_EXAMPLES = "'10 seconds', '500 milliseconds', '1 minute', '1 minute 30 seconds'"
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the candidate closest to a mistyped ``name``, else ``""``:
+    appended to an unknown-name error after its list of what exists."""
+    close = difflib.get_close_matches(name, [c for c in candidates if c != name], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def check_identifier(value: str, what: str) -> None:
@@ -40,6 +63,22 @@ def check_interval(value: str, what: str) -> None:
     if not _INTERVAL.match(value):
         raise ConfigError(
             f"{what}={value!r} is not an interval; write e.g. '30 seconds', '10 minutes'"
+        )
+
+
+def check_trigger(value: str, what: str) -> None:
+    """A streaming stage's micro-batch interval, as Spark's ``processingTime`` takes it."""
+    written = value.strip()
+    if written.lower().replace("_", "-") in {"once", "available-now", "availablenow"}:
+        raise ConfigError(
+            f"{what}={value!r}: the trigger is the micro-batch interval of --continuous runs, "
+            "e.g. '10 seconds'; a run without --continuous already processes what has arrived "
+            "and stops (Spark's availableNow)"
+        )
+    if not _TRIGGER.match(written):
+        raise ConfigError(
+            f"{what}={value!r} is not a micro-batch interval Spark accepts; write e.g. "
+            f"{_TRIGGER_EXAMPLES} (units up to weeks; no months, years or negative values)"
         )
 
 
@@ -66,7 +105,10 @@ class Field:
         check_identifier(self.name, "Field.name")
         if self.type not in FIELD_TYPES:
             known = ", ".join(FIELD_TYPES)
-            raise ConfigError(f"Field {self.name!r}: type {self.type!r} is unknown; types: {known}")
+            raise ConfigError(
+                f"Field {self.name!r}: type {self.type!r} is unknown; types: {known}"
+                f"{did_you_mean(self.type, FIELD_TYPES)}"
+            )
         if (self.min is not None or self.max is not None) and self.type not in NUMERIC_TYPES:
             raise ConfigError(f"Field {self.name!r}: min/max need a numeric type, not {self.type}")
         if self.min is not None and self.max is not None and self.min > self.max:

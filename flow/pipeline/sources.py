@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Literal
 
 from flow.errors import ConfigError
-from flow.pipeline.schema import Field, check_identifier, check_interval
+from flow.pipeline.schema import Field, check_identifier, check_interval, did_you_mean
 
 __all__ = ["DeltaSource", "IcebergSource", "KafkaSource", "Source", "TableSource"]
 
@@ -30,6 +30,7 @@ def _event_time(fields: tuple[Field, ...], event_time: str | None, owner: str) -
         raise ConfigError(
             f"{owner}: event_time {event_time!r} is not a declared column; "
             f"columns: {', '.join(f.name for f in fields)}"
+            f"{did_you_mean(event_time, (f.name for f in fields))}"
         )
     if found.type != "timestamp":
         raise ConfigError(f"{owner}: event_time {event_time!r} is {found.type}, not timestamp")

@@ -20,11 +20,12 @@ from flow.pipeline.features import (
     Cross,
     FeatureSpec,
     Hashed,
+    HashedSequence,
     Numeric,
-    Sequence,
     Vocabulary,
     feature_name,
 )
+from flow.pipeline.schema import did_you_mean
 from flow.storage import Location, namespace_locations
 
 __all__ = ["FeatureState", "Layout", "layout", "states_location"]
@@ -134,7 +135,7 @@ class FeatureState:
             have = [n.removesuffix(".json") for n in folder.list(".json")]
             raise ConfigError(
                 f"feature state {version} of spec {spec.name!r} is not in {folder}; "
-                f"versions there: {', '.join(have) or 'none'}"
+                f"versions there: {', '.join(have) or 'none'}{did_you_mean(version, have)}"
             )
         state = cls.from_json(folder.read_bytes(f"{version}.json").decode())
         state.check(spec)
@@ -192,6 +193,8 @@ def layout(spec: FeatureSpec, state: FeatureState | None) -> Layout:
         if isinstance(f, Hashed | Vocabulary | Bucketized | Cross)
     )
     sequences = tuple(
-        (feature_name(f), f.buckets, f.max_length) for f in spec.features if isinstance(f, Sequence)
+        (feature_name(f), f.buckets, f.max_length)
+        for f in spec.features
+        if isinstance(f, HashedSequence)
     )
     return Layout(dense, sparse, sequences)

@@ -5,7 +5,15 @@ from pathlib import Path
 import pytest
 
 from flow.errors import ConfigError
-from flow.pipeline import Bucketized, FeatureSpec, Hashed, Numeric, Sequence, Vocabulary, layout
+from flow.pipeline import (
+    Bucketized,
+    FeatureSpec,
+    Hashed,
+    HashedSequence,
+    Numeric,
+    Vocabulary,
+    layout,
+)
 from flow.pipeline.state import FeatureState
 from flow.storage import location
 
@@ -17,7 +25,7 @@ SPEC = FeatureSpec(
         Bucketized("price", buckets=4),
         Numeric("age"),
         Numeric("score", standardize=False, fill=0.0),
-        Sequence("recent", max_length=5, buckets=64),
+        HashedSequence("recent", max_length=5, buckets=64),
     ),
 )
 

@@ -18,16 +18,19 @@ from flow.pipeline import (
     Field,
     HandoffOutput,
     Hashed,
+    HashedSequence,
     IcebergSource,
     KafkaSource,
     LabelJoin,
     LiveStage,
     Numeric,
     Pipeline,
-    Sequence,
+    TableOutput,
     Vocabulary,
+    run_main,
 )
 from flow.pipeline.run import parse_run_args
+from pipelines.ctr import ctr_features
 from pipelines.ctr_backfill import ctr_backfill
 from pipelines.ctr_streaming import ctr_streaming
 
@@ -59,7 +62,7 @@ def pipeline(*, stage: object | None = None, **sources: object) -> Pipeline:
         events="events",
         label=LabelJoin("clicks", key="id"),
         enrich=(Enrich("users", on="user_id", columns=("country",), prefix="user_"),),
-        features=spec(Vocabulary("user_country"), Numeric("price"), Sequence("tags", 4, 50)),
+        features=spec(Vocabulary("user_country"), Numeric("price"), HashedSequence("tags", 4, 50)),
         channel="live",
     )
     return Pipeline("p", "ns", all_sources, (chosen,))  # type: ignore[arg-type]
@@ -115,8 +118,14 @@ def _live(**changes: Any) -> Callable[[], Pipeline]:
         ),
         (_live(label=LabelJoin("users", key="user_id")), r"must be a Kafka topic for a stream"),
         (_live(features=spec(Numeric("id"))), r"feature 'id' needs a number; 'id' is string"),
-        (_live(features=spec(Hashed("tags", 10))), r"reads array column 'tags'; use Sequence"),
-        (_live(features=spec(Sequence("price", 4, 10))), r"needs an array; 'price' is double"),
+        (
+            _live(features=spec(Hashed("tags", 10))),
+            r"reads array column 'tags'; use HashedSequence",
+        ),
+        (
+            _live(features=spec(HashedSequence("price", 4, 10))),
+            r"needs an array; 'price' is double",
+        ),
         (_live(features=spec(weight="country")), r"the weight reads column 'country'"),
         (_live(features=spec(passthrough=("nope",))), r"passthrough reads column 'nope'"),
         (_live(label=None), r"the label reads column 'label', which does not exist here"),
@@ -193,6 +202,11 @@ def test_unknown_keyword_arguments_are_refused_not_ignored() -> None:
         LabelJoin("c", key="k", windw="5 minutes")  # type: ignore[call-arg]
 
 
+def test_the_ctr_spec_keeps_the_fingerprint_its_fitted_states_were_saved_under() -> None:
+    # The value before Sequence was renamed HashedSequence: a rename must not orphan states.
+    assert ctr_features().fingerprint == "b4110a52becf4d35"
+
+
 def test_the_spec_fingerprint_follows_every_change() -> None:
     base = spec(Vocabulary("c"), Numeric("x"))
     assert base.fingerprint == spec(Vocabulary("c"), Numeric("x")).fingerprint
@@ -211,3 +225,183 @@ def test_run_options_choose_stages_and_mode() -> None:
         parse_run_args(["--stage", "nope"], ["bf", "live"])
     with pytest.raises(ConfigError, match="--duration applies to --continuous"):
         parse_run_args(["--duration", "5"], ["bf"])
+
+
+def test_run_main_names_a_missing_engine_and_exits_non_zero(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run_main(pipeline(), engine="nope", argv=["--stage", "live"])
+    assert exited.value.code == 1
+    assert "no primus_flow.engines plugin 'nope'" in capsys.readouterr().err
+
+
+def test_a_stage_is_found_by_name_and_typed_by_its_kind() -> None:
+    built = pipeline()
+    live: LiveStage = built.stage("live", LiveStage)
+    assert live.trigger == "10 seconds"
+    assert built.stage("live") is live
+    with pytest.raises(ConfigError, match=r"stage 'live' is a LiveStage, not a BackfillStage"):
+        built.stage("live", BackfillStage)
+    with pytest.raises(ConfigError, match=r"has no stage 'backfill'; stages: live"):
+        built.stage("backfill", BackfillStage)
+
+
+@pytest.mark.parametrize(
+    "trigger",
+    ["10 seconds", "1 second", "2 seconds", "500 milliseconds", "1 minute", "1.5 seconds",
+     "1 minute 30 seconds", "2 hours", "10 Seconds", "0 seconds"],
+)  # fmt: skip
+def test_a_live_trigger_spark_accepts_is_accepted(trigger: str) -> None:
+    assert LiveStage("s", events="e", features=spec(), channel="c", trigger=trigger)
+
+
+@pytest.mark.parametrize(
+    ("trigger", "message"),
+    [
+        ("10s", r"'10s' is not a micro-batch interval Spark accepts; write e.g. '10 sec"),
+        ("10", r"not a micro-batch interval"),
+        ("-5 seconds", r"no months, years or negative values"),
+        ("1 month", r"no months, years or negative values"),
+        ("1.5 minutes", r"not a micro-batch interval"),
+        ("once", r"a run without --continuous already processes what has arrived and stops"),
+        ("available-now", r"the trigger is the micro-batch interval of --continuous runs"),
+    ],
+)
+def test_a_live_trigger_spark_would_refuse_at_run_time_is_refused_when_built(
+    trigger: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"LiveStage\('s'\)\.trigger=.*{message}"):
+        LiveStage("s", events="e", features=spec(), channel="c", trigger=trigger)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (_live(events="event"), r"sources: clicks, events, users; did you mean 'events'\?"),
+        (
+            _live(features=spec(Numeric("prise"))),
+            r"reads column 'prise', which does not exist here; available: .*; did you mean 'price'",
+        ),
+        (
+            _live(enrich=(Enrich("users", on="user_id", columns=("county",)),)),
+            r"has no column 'county'; its columns: country, user_id; did you mean 'country'\?",
+        ),
+        (
+            _live(label=LabelJoin("clicks", key="idd")),
+            r"key 'idd' is not a column of the events .*; did you mean 'id'\?",
+        ),
+        (
+            lambda: pipeline().stage("lvie"),
+            r"has no stage 'lvie'; stages: live; did you mean 'live'",
+        ),
+        (lambda: Field("x", "strng"), r"types: .*; did you mean 'string'\?"),  # type: ignore[arg-type]
+        (
+            lambda: KafkaSource("t", EVENTS, event_time="tss"),
+            r"event_time 'tss' is not a declared column; .*; did you mean 'ts'\?",
+        ),
+    ],
+)
+def test_an_unknown_name_suggests_the_closest_known_one(
+    build: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+def test_an_unknown_name_far_from_every_known_one_suggests_nothing() -> None:
+    with pytest.raises(ConfigError) as refused:
+        _live(events="zzz")()
+    assert "did you mean" not in str(refused.value)
+
+
+def test_an_unknown_stage_on_the_command_line_suggests_the_closest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_run_args(["--stage", "backfil"], ["backfill", "live"])
+    assert (
+        "invalid choice: 'backfil' (choose from backfill, live); did you mean 'backfill'?"
+        in capsys.readouterr().err
+    )
+
+
+def _history(name: str = "hist") -> Pipeline:
+    sources = {
+        "events": IcebergSource("ns.events", EVENTS, event_time="ts"),
+        "clicks": IcebergSource("ns.clicks", CLICKS, event_time="ts"),
+        "users": IcebergSource("ns.users", USERS),
+    }
+    stage = BackfillStage(
+        "backfill",
+        events="events",
+        label=LabelJoin("clicks", key="id"),
+        enrich=(Enrich("users", on="user_id", columns=("country",), prefix="user_"),),
+        features=spec(Vocabulary("user_country")),
+        channel="backfill",
+    )
+    return Pipeline(name, "ns", sources, (stage,))
+
+
+def test_renaming_a_source_renames_every_reference_to_it() -> None:
+    renamed = _history().renamed(sources={"events": "history", "users": "people"})
+    assert list(renamed.sources) == ["history", "clicks", "people"]
+    stage = renamed.stage("backfill", BackfillStage)
+    assert stage.events == "history"
+    assert stage.label == LabelJoin("clicks", key="id")
+    assert [e.source for e in stage.enrich] == ["people"]
+    assert renamed.columns == _history().columns
+    assert _history().renamed(stages={"backfill": "bf"}).stage("bf").channel == "backfill"
+
+
+@pytest.mark.parametrize(
+    ("renames", "message"),
+    [
+        ({"sources": {"event": "x"}}, r"cannot rename source 'event'.*did you mean 'events'\?"),
+        ({"sources": {"events": "clicks"}}, r"renaming source 'events' to 'clicks' clashes"),
+        ({"sources": {"events": "Bad"}}, r"source name='Bad': use lower-case"),
+        ({"stages": {"bf": "x"}}, r"cannot rename stage 'bf'.*stages: backfill"),
+    ],
+)
+def test_a_rename_that_cannot_work_is_refused(renames: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _history().renamed(**renames)
+
+
+def test_combined_pipelines_share_identical_sources_and_keep_stage_order() -> None:
+    history = _history().renamed(sources={"events": "history", "clicks": "history_clicks"})
+    combined = Pipeline.combine("both", history, pipeline())
+    assert [s.name for s in combined.stages] == ["backfill", "live"]
+    assert list(combined.sources) == ["history", "history_clicks", "users", "events", "clicks"]
+    assert combined.namespace == "ns"
+    assert combined.columns["live"] == pipeline().columns["live"]
+
+
+def test_combining_pipelines_that_clash_says_how_to_rename() -> None:
+    # "events" (and "clicks") is a table in one and a topic in the other.
+    with pytest.raises(
+        ConfigError,
+        match=r"'hist' and 'p' both have a source named 'events', and they differ; rename it in "
+        r"one of them first, e.g. p.renamed\(sources=\{'events': 'p_events'\}\)",
+    ):
+        Pipeline.combine("both", _history(), pipeline())
+    with pytest.raises(
+        ConfigError,
+        match=r"'hist' and 'other' both have a stage named 'backfill'; rename it in one of them "
+        r"first, e.g. other.renamed\(stages=\{'backfill': 'other_backfill'\}\)",
+    ):
+        Pipeline.combine("both", _history(), _history("other"))
+    with pytest.raises(ConfigError, match=r"both write channel 'backfill'"):
+        Pipeline.combine("both", _history(), _history("other").renamed(stages={"backfill": "b2"}))
+    elsewhere = dataclasses.replace(pipeline(), namespace="other")
+    with pytest.raises(ConfigError, match=r"namespaces ns, other; choose one with namespace="):
+        Pipeline.combine(
+            "both", _history().renamed(sources={"events": "e", "clicks": "c"}), elsewhere
+        )
+    to_tables = dataclasses.replace(pipeline(), output=TableOutput())
+    with pytest.raises(ConfigError, match=r"'hist' and 'p' write to different outputs"):
+        Pipeline.combine(
+            "both", _history().renamed(sources={"events": "e", "clicks": "c"}), to_tables
+        )
+    with pytest.raises(ConfigError, match=r"got no pipelines to combine"):
+        Pipeline.combine("none")

@@ -248,8 +248,7 @@ def test_backfill_labels_validates_enriches_fits_and_reconciles(
     spark: SparkSession, world: Lake
 ) -> None:
     pipeline = world.pipeline()
-    stage = pipeline.stage("backfill")
-    assert isinstance(stage, BackfillStage)
+    stage = pipeline.stage("backfill", BackfillStage)
     report, state = run_backfill(spark, pipeline, stage, world.stack)
 
     assert (report.events_input, report.events_dead, report.training_rows) == (8, 3, 5)
@@ -293,8 +292,7 @@ def test_a_full_backfill_of_new_snapshots_is_refused_and_tables_remain_an_option
     spark: SparkSession, world: Lake
 ) -> None:
     pipeline = world.pipeline()
-    stage = pipeline.stage("backfill")
-    assert isinstance(stage, BackfillStage)
+    stage = pipeline.stage("backfill", BackfillStage)
     run_backfill(spark, pipeline, stage, world.stack)
     world.users(segment_of_1="q")  # a new snapshot of a source: other rows, same channel
     with pytest.raises(ConfigError, match="a full backfill would add those rows again"):
@@ -310,7 +308,7 @@ def test_a_full_backfill_of_new_snapshots_is_refused_and_tables_remain_an_option
 
 def test_features_and_parsing_run_no_python_per_row(spark: SparkSession, world: Lake) -> None:
     pipeline = world.pipeline()
-    _, state = run_backfill(spark, pipeline, pipeline.stage("backfill"), world.stack)  # type: ignore[arg-type]
+    _, state = run_backfill(spark, pipeline, pipeline.stage("backfill", BackfillStage), world.stack)
     enriched = spark.createDataFrame(
         [("x", 1, "us", "a", "ios", 3, 1.0)],
         "id string, user_id bigint, user_country string, user_segment string, device string, "
@@ -352,8 +350,7 @@ class LiveRun:
         self.stop_event = threading.Event()
         self.result: list[StageReport] = []
         self.error: list[BaseException] = []
-        stage = pipeline.stage("live")
-        assert isinstance(stage, LiveStage)
+        stage = pipeline.stage("live", LiveStage)
 
         def target() -> None:
             try:
@@ -389,7 +386,7 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 180) -> None
 def live_world(spark: SparkSession, world: Lake) -> Lake:
     """A world whose feature state the backfill has fitted."""
     pipeline = world.pipeline()
-    run_backfill(spark, pipeline, pipeline.stage("backfill"), world.stack)  # type: ignore[arg-type]
+    run_backfill(spark, pipeline, pipeline.stage("backfill", BackfillStage), world.stack)
     return world
 
 
@@ -460,8 +457,7 @@ def test_a_live_stage_labels_late_clicks_sees_dimension_updates_and_reconciles(
         "impressions", [{"id": "e12", "user_id": 2, "ts": m(90), "position": 1, "device": "ios"}]
     )
     world.send("clicks", [{"id": "nobody", "ts": m(90)}])
-    stage = pipeline.stage("live")
-    assert isinstance(stage, LiveStage)
+    stage = pipeline.stage("live", LiveStage)
     resumed = run_live(spark, pipeline, replace(stage), world.stack, RunOptions())
     assert set(rows_of(world, "live")) == {"e1", "e2", "e3", "e10", "e9", "e11"}
     assert (resumed.events_input, resumed.training_rows, resumed.events_dead, resumed.pending) == (

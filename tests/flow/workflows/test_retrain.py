@@ -12,7 +12,7 @@ from flow.config import StackConfig
 from tests.support import run_flow
 
 PIPELINE = """
-from flow.engine import run_main
+from flow.pipeline import run_main
 from pipelines.ctr_backfill import ctr_backfill
 
 
