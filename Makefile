@@ -20,7 +20,7 @@ test: setup checks
 	$(BIN)/pytest -m integration
 
 unit: setup
-	$(BIN)/pytest -m "not integration"
+	$(BIN)/pytest -m "not integration and not slow"
 
 checks: setup
 	$(BIN)/ruff check .

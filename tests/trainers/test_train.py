@@ -88,6 +88,7 @@ def test_a_channel_without_a_layout_is_refused_with_the_reason(tmp_path: Path) -
         train(config(tmp_path), say=lambda _: None)
 
 
+@pytest.mark.slow
 def test_two_ranks_under_torchrun_see_disjoint_equal_shares(tmp_path: Path) -> None:
     total = write(tmp_path, "train", [1500, 1100], buckets=4)
     audit_dir = tmp_path / "audit"
@@ -129,6 +130,7 @@ def test_channels_read_in_order_open_when_reached_even_if_created_later(
     assert set(result.by_channel) == {"backfill", "live"}
 
 
+@pytest.mark.slow
 def test_a_trainer_killed_mid_run_continues_from_its_checkpoint_exactly(tmp_path: Path) -> None:
     write(tmp_path, "train", [40_000, 40_000], buckets=4)
     whole = tmp_path / "whole"

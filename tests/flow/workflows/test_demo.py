@@ -26,4 +26,12 @@ def test_the_demo_runs_end_to_end_and_its_summary_reconciles(
     assert summary["trained_rows"] == backfill["rows_out"] + live["rows_out"]
     assert 0.0 <= summary["auc"] <= 1.0  # a figure, not NaN (too little data here to learn much)
     assert summary["freshness_p50_s"] is not None
-    assert "reconcile" in done.stdout
+    # The table a person reads (stderr) says the same as the JSON: one row per stage.
+    rows = {
+        stage: line
+        for line in done.stderr.splitlines()
+        for stage in ("backfill", "live")
+        if f" {stage} " in line and "reconcile" in line
+    }
+    assert set(rows) == {"backfill", "live"}, done.stderr[-3000:]
+    assert not any("do NOT" in line for line in rows.values())
