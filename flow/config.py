@@ -12,6 +12,9 @@ rather than by hand: the names, types, defaults and "empty means unset" are decl
 same declaration yields :data:`ENV_VARS`. What stays ours is what users see: every validation
 error becomes a :class:`ConfigError` that names the variable and the fix, and the settings that
 depend on each other are checked in :meth:`StackConfig.from_env` and the configs it builds.
+
+(Past 400 lines because every setting is declared here once, with its docstring: splitting the
+declaration would split what ``ENV_VARS`` and the docs are generated from.)
 """
 
 from __future__ import annotations

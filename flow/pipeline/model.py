@@ -17,14 +17,8 @@ from typing import Literal, TypeVar, overload
 
 from flow.errors import ConfigError, HandoffError
 from flow.handoff.shards import codec
-from flow.pipeline.features import (
-    Bucketized,
-    FeatureSpec,
-    HashedSequence,
-    Numeric,
-    feature_inputs,
-    feature_name,
-)
+from flow.pipeline.columns import stage_columns
+from flow.pipeline.features import FeatureSpec
 from flow.pipeline.schema import (
     Field,
     check_identifier,
@@ -32,7 +26,7 @@ from flow.pipeline.schema import (
     check_trigger,
     did_you_mean,
 )
-from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
+from flow.pipeline.sources import Source
 
 __all__ = [
     "BackfillStage",
@@ -236,7 +230,7 @@ class Pipeline:
                     f"{stage.channel!r}; give each stage its own channel"
                 )
             channels[stage.channel] = stage.name
-            columns[stage.name] = self._check_stage(stage)
+            columns[stage.name] = stage_columns(stage, self.source)
             key = self.output.shuffle_key if isinstance(self.output, HandoffOutput) else None
             passthrough = stage.features.passthrough
             if key is not None and key not in passthrough:
@@ -368,103 +362,3 @@ class Pipeline:
                 f"{used_by} names source {name!r}, which the pipeline does not define; "
                 f"sources: {_names(self.sources)}{did_you_mean(name, self.sources)}"
             ) from None
-
-    def _check_stage(self, stage: Stage) -> dict[str, Field]:
-        where = f"stage {stage.name!r}"
-        events = self.source(stage.events, used_by=f"{where} (events)")
-        if stage.streaming and not isinstance(events, KafkaSource):
-            raise ConfigError(f"{where} is a LiveStage: its events must be a KafkaSource")
-        if not stage.streaming and isinstance(events, KafkaSource):
-            raise ConfigError(
-                f"{where} is a BackfillStage: its events must be an Iceberg or Delta table"
-            )
-        available: dict[str, Field] = {f.name: f for f in events.fields}
-        origin = dict.fromkeys(available, stage.events)
-
-        if stage.label is not None:
-            label = stage.label
-            other = self.source(label.source, used_by=f"{where} (label join)")
-            if isinstance(other, KafkaSource) != isinstance(events, KafkaSource):
-                raise ConfigError(
-                    f"{where}: the label join's source {label.source!r} must be a Kafka topic "
-                    "for a stream and a table for a batch, like the events"
-                )
-            for side, source_name, fields in (
-                ("events", stage.events, available),
-                ("label source", label.source, {f.name: f for f in other.fields}),
-            ):
-                if label.key not in fields:
-                    raise ConfigError(
-                        f"{where}: label join key {label.key!r} is not a column of the {side} "
-                        f"{source_name!r}; its columns: {_names(fields)}"
-                        f"{did_you_mean(label.key, fields)}"
-                    )
-            if other.event_time is None or events.event_time is None:
-                raise ConfigError(f"{where}: a label join needs event_time on both sources")
-            for new in (Field(label.label, "double"), Field(label.label_time, "timestamp")):
-                self._add(available, origin, new, "the label join", where)
-
-        for enrich in stage.enrich:
-            dim = self.source(enrich.source, used_by=f"{where} (enrich)")
-            if not isinstance(dim, IcebergSource | DeltaSource):
-                raise ConfigError(f"{where}: enrich source {enrich.source!r} must be a table")
-            dim_fields = {f.name: f for f in dim.fields}
-            if enrich.on not in available:
-                raise ConfigError(
-                    f"{where}: enrich key {enrich.on!r} is not available from the events; "
-                    f"available: {_names(available)}{did_you_mean(enrich.on, available)}"
-                )
-            for column in (enrich.on, *enrich.columns):
-                if column not in dim_fields:
-                    raise ConfigError(
-                        f"{where}: enrich source {enrich.source!r} has no column {column!r}; its "
-                        f"columns: {_names(dim_fields)}{did_you_mean(column, dim_fields)}"
-                    )
-            for column in enrich.columns:
-                added = Field(enrich.prefix + column, dim_fields[column].type)
-                self._add(available, origin, added, f"enrich {enrich.source!r}", where)
-
-        self._check_features(stage.features, available, where)
-        return available
-
-    @staticmethod
-    def _add(
-        available: dict[str, Field], origin: dict[str, str], new: Field, by: str, where: str
-    ) -> None:
-        if new.name in available:
-            raise ConfigError(
-                f"{where}: {by} adds column {new.name!r}, which {origin[new.name]!r} already has; "
-                "set a prefix (Enrich) or another name (LabelJoin.label)"
-            )
-        available[new.name] = new
-        origin[new.name] = by
-
-    @staticmethod
-    def _check_features(spec: FeatureSpec, available: dict[str, Field], where: str) -> None:
-        def need(column: str, user: str) -> Field:
-            if column not in available:
-                raise ConfigError(
-                    f"{where}: {user} reads column {column!r}, which does not exist here; "
-                    f"available: {_names(available)}{did_you_mean(column, available)}"
-                )
-            return available[column]
-
-        for feature in spec.features:
-            user = f"feature {feature_name(feature)!r}"
-            for column in feature_inputs(feature):
-                found = need(column, user)
-                if isinstance(feature, Numeric | Bucketized) and not found.numeric:
-                    raise ConfigError(f"{where}: {user} needs a number; {column!r} is {found.type}")
-                if isinstance(feature, HashedSequence) and not found.is_array:
-                    raise ConfigError(f"{where}: {user} needs an array; {column!r} is {found.type}")
-                if not isinstance(feature, HashedSequence) and found.is_array:
-                    raise ConfigError(
-                        f"{where}: {user} reads array column {column!r}; use HashedSequence for it"
-                    )
-        label = need(spec.label, "the label")
-        if not label.numeric:
-            raise ConfigError(f"{where}: the label {spec.label!r} is {label.type}, not a number")
-        if isinstance(spec.weight, str) and not need(spec.weight, "the weight").numeric:
-            raise ConfigError(f"{where}: the weight {spec.weight!r} is not a number")
-        for column in spec.passthrough:
-            need(column, "passthrough")
