@@ -28,23 +28,24 @@ Each script (``petastorm_read.py``, ``ray_read.py``) reads it once and prints on
 ``rows``, ``seconds``, ``rows_per_s`` (after warm-up), ``first_batch_s`` (reader creation to
 first batch), ``peak_rss_mb`` (the reading process), ``peak_tree_pss_mb`` (with its child
 processes), ``total_rows``, ``batches`` and ``settings``; ``readloop.py`` says exactly what is
-timed. This module uses only the standard library, so the project venv can import it as is.
+timed. This module needs only the standard library and filelock (a project dependency), so the
+project venv imports it as is.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 __all__ = ["BASELINES", "BaselineError", "ensure_env", "run_baseline", "torch_wheel"]
 
@@ -84,7 +85,7 @@ def ensure_env(name: str, home: Path) -> Path:
     python = venv / "bin" / "python"
     stamp = _stamp(requirements, wheel)
     venv.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(venv.parent / f"{name}.lock"):
+    with FileLock(venv.parent / f"{name}.lock"):
         if _read(venv / STAMP) == stamp and python.exists():
             return python
         log = venv.parent / f"{name}.log"
@@ -189,16 +190,6 @@ def _read(path: Path) -> str | None:
         return path.read_text()
     except OSError:
         return None
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _step(message: str, command: list[str], log: Path) -> None:
