@@ -55,8 +55,13 @@ class RunOptions:
     """Log to MLflow."""
     since_snapshot: int | None = None
     """Backfill stages read only the Iceberg snapshots of their events after this one."""
+    max_restarts: int = 10
+    """Live stages: how many times a failed query is started again from its checkpoint (with
+    backoff from 2 s to a minute: ten restarts ride out about six minutes of outage)."""
 
     def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts}: give 0 or more")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ConfigError(f"--duration {self.duration_s} must be positive")
         if self.duration_s is not None and self.mode != "continuous":

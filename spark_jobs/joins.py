@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 
 from flow.pipeline.model import Enrich, LabelJoin
 
-__all__ = ["enrich", "label_batch", "label_stream"]
+__all__ = ["deduplicated", "enrich", "is_label_dedup", "label_batch", "label_stream"]
 
 _KEY = "_label_key"
 _TIME = "_label_ts"
@@ -53,19 +53,21 @@ def label_stream(
     event_watermark: str,
     label_event_time: str,
     label_watermark: str,
+    *,
+    event_key: str | None = None,
 ) -> DataFrame:
     """The streaming label join: a left outer stream-stream join bounded by watermarks.
 
     A positive is emitted when its label event arrives; a negative once the watermark passes the
     end of its window. Duplicate label events for one key are dropped within the watermark, so
-    an event is never emitted twice.
+    an event is never emitted twice; with ``event_key``, repeated events are dropped too.
     """
     matches = (
         labels.select(F.col(label.key).alias(_KEY), F.col(label_event_time).alias(_TIME))
         .withWatermark(_TIME, label_watermark)
         .dropDuplicatesWithinWatermark([_KEY])
     )
-    watermarked = events.withWatermark(event_time, event_watermark)
+    watermarked = deduplicated(events, event_time, event_watermark, event_key)
     joined = watermarked.join(
         matches,
         (F.col(label.key) == F.col(_KEY)) & _window_condition(label, event_time),
@@ -76,6 +78,17 @@ def label_stream(
         F.col(_KEY).isNotNull().cast("double").alias(label.label),
         F.col(_TIME).alias(label.label_time),
     )
+
+
+def deduplicated(events: DataFrame, event_time: str, watermark: str, key: str | None) -> DataFrame:
+    """``events`` watermarked, and without repeats of ``key`` within the watermark (if given)."""
+    watermarked = events.withWatermark(event_time, watermark)
+    return watermarked.dropDuplicatesWithinWatermark([key]) if key else watermarked
+
+
+def is_label_dedup(key_names: str) -> bool:
+    """Whether a deduplication operator's keys are the label side's (for counting its drops)."""
+    return _KEY in key_names
 
 
 def enrich(events: DataFrame, dimension: DataFrame, spec: Enrich) -> DataFrame:

@@ -1,15 +1,26 @@
 """A live stage: Kafka events, labelled by a stream-stream join, enriched, featurized, written.
 
-Two Structured Streaming queries run side by side, each with its own checkpoint under
-``$FLOW_HOME/checkpoints/<pipeline>/<stage>/``:
+One Structured Streaming query per stage, checkpointed under
+``$FLOW_HOME/checkpoints/<namespace>/<pipeline>/<stage>/stream``. Each micro-batch hands its
+writer (spark_jobs.live_writers) every record it read, with its reason if it is bad, beside the
+rows the label join emitted: so records are counted, malformed, out-of-range and late ones
+dead-lettered with their reason and duplicates counted, in the same commit as the training rows,
+and every count reconciles across restarts.
 
-* **intake** reads every record of the stage's topics, writes the malformed ones to the dead-letter
-  table with their reason, and records how many records of each source it read in that commit;
-* **main** parses the valid records, runs the label join (watermarked), then per micro-batch
-  enriches with freshly read dimension tables, featurizes and appends the training rows.
+* **Event time.** A record whose event time is further than ``max_future`` ahead of (or
+  ``max_past`` behind) the batch's processing time is a dead letter before any watermark sees
+  it: one bad clock cannot move the watermark.
+* **Watermark.** The query takes the largest of its inputs' watermarks
+  (``spark.sql.streaming.multipleWatermarkPolicy=max``). With Spark's default (the smallest), a
+  restarted query forgets every input's event time and keeps the checkpointed watermark until
+  *every* input has had data again: a stream of impressions without new clicks then emitted no
+  negatives at all.
+* **Supervision.** A query that fails is started again from its checkpoint, with backoff, up to
+  ``RunOptions.max_restarts`` times (a broker outage of minutes, a topic not created yet, a task
+  failure); each restart is one line and an MLflow metric. Errors of the pipeline itself
+  (FlowError) are not retried.
 
-Every commit carries its writer and batch id, so a replayed batch writes nothing twice, and the
-counts the report reconciles are read back from the tables: they hold across restarts.
+Every commit carries its writer and batch id, so a replayed batch writes nothing twice.
 """
 
 from __future__ import annotations
@@ -36,22 +47,42 @@ from flow.pipeline.state import FeatureState
 from flow.storage import namespace_locations
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
-from spark_jobs.joins import label_stream
-from spark_jobs.live_writers import BatchWriter, IntakeWriter, MainWriter
+from spark_jobs.joins import deduplicated, label_stream
+from spark_jobs.live_writers import KIND, StreamWriter, record_column
 from spark_jobs.outputs import TrainingSink, training_sink
 from spark_jobs.report import StageReport
 from spark_jobs.sinks import BatchLedger, writer_totals
 from spark_jobs.sources import read_kafka
 from spark_jobs.stage import Progress, StageRun
-from spark_jobs.validate import DEAD_LETTER_COLUMNS, REASON, parse_kafka
+from spark_jobs.validate import REASON, parse_kafka
 
 __all__ = ["StreamFailedError", "run_live"]
 
 OnBatch = Callable[[dict[str, float], int], None]
+_OURS = ("ConfigError", "SchemaMismatchError", "HandoffError", "ShardCorruptError")
+"""FlowError kinds that name a mistake in the pipeline or its data layout: never retried."""
 
 
 class StreamFailedError(FlowError):
     """A streaming query of a live stage stopped with an error."""
+
+    def __init__(self, message: str, *, cause: str = "", transient: bool = True) -> None:
+        super().__init__(message)
+        self.cause = cause or message
+        """The error in one line."""
+        self.transient = transient
+        """Worth a restart: not an error of the pipeline itself (a FlowError raised in it)."""
+
+    @classmethod
+    def of(cls, query: str, error: str) -> StreamFailedError:
+        """From a query's exception text: its first line after Spark's own preamble."""
+        text = error.split("terminated with exception:", 1)[-1].strip()
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        cause = (lines[0] if lines else text)[:400]
+        # A FlowError raised in the pipeline's own code (a foreachBatch writer) is a mistake a
+        # restart repeats; its Python traceback names the class.
+        ours = any(f"flow.errors.{name}" in error or f"{name}:" in error for name in _OURS)
+        return cls(f"the {query} query failed: {cause}", cause=cause, transient=not ours)
 
 
 def _kafka(pipeline: Pipeline, name: str) -> KafkaSource:
@@ -67,25 +98,28 @@ def _reader_options(source: KafkaSource) -> dict[str, str]:
     return {"maxOffsetsPerTrigger": str(source.max_records_per_batch)}
 
 
-def _writer_id(checkpoint: Path, pipeline: Pipeline, stage: LiveStage) -> str:
+def _writer_id(
+    checkpoint: Path, pipeline: Pipeline, stage: LiveStage, marker: str = "writer-id"
+) -> str:
     """Names this stage's checkpoint incarnation: a deleted checkpoint starts a new writer, whose
     batch ids (from 0 again) are not mistaken for ones already committed."""
-    marker = checkpoint / "writer-id"
-    if not marker.exists():
+    marker_file = checkpoint / marker
+    if not marker_file.exists():
         checkpoint.mkdir(parents=True, exist_ok=True)
-        marker.write_text(uuid.uuid4().hex[:12])
-    return f"{pipeline.name}.{stage.name}:{marker.read_text().strip()}"
+        marker_file.write_text(uuid.uuid4().hex[:12])
+    return f"{pipeline.name}.{stage.name}:{marker_file.read_text().strip()}"
 
 
 @dataclass
 class _Watch:
-    """What the queries' progress said during this run."""
+    """What the query's progress said during this run (and across its restarts)."""
 
-    seen: set[tuple[str, str]] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)
     rows_in: int = 0
-    late_dropped: int = 0
     state_rows: int | None = None
     batches: int = 0
+    restarts: int = 0
+    last_batch: int = 0
 
 
 _LAG_METRICS = {
@@ -106,40 +140,42 @@ def _kafka_lag(progress: dict[str, Any]) -> dict[str, float]:
     return found
 
 
-def _poll(queries: dict[str, StreamingQuery], watch: _Watch, on_batch: OnBatch) -> None:
-    for role, query in queries.items():
-        for progress in query.recentProgress:
-            data: dict[str, Any] = json.loads(progress.json)
-            key = (role, f"{data['id']}:{data['batchId']}")
-            if key in watch.seen:
-                continue
-            watch.seen.add(key)
-            if role != "main":
-                continue
-            rows = int(data["numInputRows"])
-            operators = data.get("stateOperators") or []
-            watch.rows_in += rows
-            watch.late_dropped += sum(int(o.get("numRowsDroppedByWatermark", 0)) for o in operators)
-            if operators:
-                watch.state_rows = sum(int(o["numRowsTotal"]) for o in operators)
-            watch.batches += 1
-            on_batch(
-                {
-                    "batch_rows_in": float(rows),
-                    "batch_input_rows_per_s": float(data.get("inputRowsPerSecond") or 0.0),
-                    "batch_processed_rows_per_s": float(data.get("processedRowsPerSecond") or 0.0),
-                    "batch_duration_ms": float(data["durationMs"].get("triggerExecution", 0)),
-                    # addBatch is the foreachBatch sink; the rest is reading, state and commits.
-                    "batch_sink_ms": float(data["durationMs"].get("addBatch", 0)),
-                    "state_rows": float(watch.state_rows or 0),
-                    **_kafka_lag(data),
-                },
-                int(data["batchId"]),
-            )
+def _poll(query: StreamingQuery, watch: _Watch, on_batch: OnBatch) -> None:
+    for progress in query.recentProgress:
+        data: dict[str, Any] = json.loads(progress.json)
+        key = f"{data['runId'] if 'runId' in data else data['id']}:{data['batchId']}"
+        if key in watch.seen:
+            continue
+        watch.seen.add(key)
+        rows = int(data["numInputRows"])
+        operators = data.get("stateOperators") or []
+        watch.rows_in += rows
+        if operators:
+            watch.state_rows = sum(int(o["numRowsTotal"]) for o in operators)
+        watch.batches += 1
+        watch.last_batch = int(data["batchId"])
+        on_batch(
+            {
+                "batch_rows_in": float(rows),
+                "batch_input_rows_per_s": float(data.get("inputRowsPerSecond") or 0.0),
+                "batch_processed_rows_per_s": float(data.get("processedRowsPerSecond") or 0.0),
+                "batch_duration_ms": float(data["durationMs"].get("triggerExecution", 0)),
+                # addBatch is the foreachBatch sink; the rest is reading, state and commits.
+                "batch_sink_ms": float(data["durationMs"].get("addBatch", 0)),
+                "state_rows": float(watch.state_rows or 0),
+                **_kafka_lag(data),
+            },
+            int(data["batchId"]),
+        )
+
+
+def _failure(query: StreamingQuery) -> StreamFailedError | None:
+    error = query.exception()
+    return None if error is None else StreamFailedError.of(query.name or "stream", str(error))
 
 
 def _await(
-    queries: dict[str, StreamingQuery],
+    query: StreamingQuery,
     options: RunOptions,
     watch: _Watch,
     on_batch: OnBatch,
@@ -148,51 +184,54 @@ def _await(
 ) -> None:
     deadline = time.monotonic() + options.duration_s if options.duration_s is not None else None
     try:
-        while any(q.isActive for q in queries.values()):
-            for role, query in queries.items():
-                if query.exception() is not None:
-                    raise StreamFailedError(f"the {role} query failed: {query.exception()}")
-            next(iter(queries.values())).awaitTermination(2)
-            _poll(queries, watch, on_batch)
+        while query.isActive:
+            failed = _failure(query)
+            if failed is not None:
+                _poll(query, watch, on_batch)  # the batches it finished before failing
+                raise failed
+            query.awaitTermination(2)
+            _poll(query, watch, on_batch)
             if deadline is not None and time.monotonic() > deadline:
-                progress(f"duration of {options.duration_s:.0f}s reached; stopping the queries")
+                progress(f"duration of {options.duration_s:.0f}s reached; stopping the query")
                 break
             if stop():
-                progress("asked to stop; stopping the queries")
+                progress("asked to stop; stopping the query")
                 break
     finally:
-        for query in queries.values():
-            if query.isActive:
-                query.stop()
-    for role, query in queries.items():
-        if query.exception() is not None:
-            raise StreamFailedError(f"the {role} query failed: {query.exception()}")
-    _poll(queries, watch, on_batch)
+        if query.isActive:
+            query.stop()
+    _poll(query, watch, on_batch)
+    failed = _failure(query)
+    if failed is not None:
+        raise failed
+
+
+def backoff_s(attempt: int) -> float:
+    """Seconds before restart ``attempt`` (1, 2, ...): doubling from 2 s, at most a minute."""
+    return float(min(60, 2**attempt))
+
+
+QUERY = "stream"
+"""The name of a live stage's query folder in its checkpoint (one query since the intake and
+main queries were merged: a checkpoint of the two-query layout is not reused)."""
 
 
 @dataclass(frozen=True)
 class _Outputs:
-    """Where a live run writes, and under which writer ids its commits are found again."""
+    """Where a live run writes, and under which writer id its commits are found again."""
 
     checkpoint: Path
+    """The query's checkpoint folder."""
     writer: str
     training: TrainingSink
     dead_letters: str
-
-    @property
-    def intake_writer(self) -> str:
-        return f"{self.writer}/intake"
-
-    @property
-    def unusable_writer(self) -> str:
-        return f"{self.writer}/unusable"
 
 
 class LiveRun(StageRun[LiveStage]):
     """One run of a live stage, its phases in the order ``run`` lists them.
 
-    What each query does per micro-batch is in :mod:`spark_jobs.live_writers`; waiting on the
-    queries and reading their progress is ``_await`` and ``_poll`` above.
+    What the query does per micro-batch is in :mod:`spark_jobs.live_writers`; waiting on the
+    query, reading its progress and restarting it are ``_await``, ``_poll`` and ``supervise``.
     """
 
     def __init__(
@@ -205,11 +244,13 @@ class LiveRun(StageRun[LiveStage]):
         progress: Progress,
         on_batch: OnBatch,
         stop: Callable[[], bool],
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         super().__init__(spark, stack, pipeline, stage, "live", progress)
-        self.options, self.on_batch, self.stop = options, on_batch, stop
+        self.options, self.on_batch, self.stop, self.sleep = options, on_batch, stop, sleep
         self.events = _kafka(pipeline, stage.events)
         self.labels = (stage.label, _kafka(pipeline, stage.label.source)) if stage.label else None
+        self.query_name = f"{pipeline.name}.{stage.name}"
 
     @property
     def sources(self) -> list[tuple[str, KafkaSource]]:
@@ -223,13 +264,12 @@ class LiveRun(StageRun[LiveStage]):
         state = self.feature_state()
         outputs = self.open_outputs(state)
         dimensions = Dimensions(self.spark, self.stack, self.pipeline)
-        writers = self.writers(outputs, state, dimensions)
-        queries = self.start_queries(outputs.checkpoint, writers)
+        writer = self.writer(outputs, state, dimensions)
         topics = ", ".join(s.topic for _, s in self.sources)
         self.progress(f"{self.stage.name}: streaming {topics} ({self.options.mode})")
         watch = _Watch()
         try:
-            _await(queries, self.options, watch, self.on_batch, self.progress, self.stop)
+            self.supervise(outputs.checkpoint, writer, watch)
         finally:
             dimensions.release()
         return self.count(outputs, watch)
@@ -248,9 +288,10 @@ class LiveRun(StageRun[LiveStage]):
         pipeline, stage = self.pipeline, self.stage
         # Local folders for now: the writer-id marker is a file the driver writes beside them.
         where = namespace_locations(self.stack, pipeline.namespace).checkpoints
-        checkpoint = Path(where.child(pipeline.name, stage.name).path)
-        writer = _writer_id(checkpoint, pipeline, stage)
+        folder = Path(where.child(pipeline.name, stage.name).path)
+        writer = _writer_id(folder, pipeline, stage, marker=f"{QUERY}-writer-id")
         self.report.lineage["writer"] = writer
+        checkpoint = folder / QUERY
         training = training_sink(
             self.spark,
             self.stack,
@@ -259,26 +300,28 @@ class LiveRun(StageRun[LiveStage]):
             state,
             writer=writer,
             event_time=self.events.event_time,
-            checkpoint=checkpoint / "main",
+            checkpoint=checkpoint,
         )
         self.report.table = training.where
         self.ensure_namespace()
         return _Outputs(checkpoint, writer, training, self.open_dead_letters())
 
-    def writers(
+    def writer(
         self, outputs: _Outputs, state: FeatureState, dimensions: Dimensions
-    ) -> dict[str, BatchWriter]:
-        """Each query's per-batch writer, by query role."""
-        ledger = BatchLedger(self.spark, outputs.dead_letters, outputs.intake_writer)
-        unusable = BatchLedger(self.spark, outputs.dead_letters, outputs.unusable_writer)
-        featurizer = Featurizer(self.spark, self.stage.features, state)
-        name = self.pipeline.name
-        return {
-            "intake": IntakeWriter(ledger, name, self.stage.name),
-            "main": MainWriter(
-                self.stage, name, outputs.training, unusable, featurizer, dimensions
-            ),
-        }
+    ) -> StreamWriter:
+        """The query's per-batch writer."""
+        return StreamWriter(
+            self.spark,
+            self.stage,
+            self.pipeline.name,
+            self.sources,
+            query_name=self.query_name,
+            checkpoint=outputs.checkpoint,
+            training=outputs.training,
+            ledger=BatchLedger(self.spark, outputs.dead_letters, outputs.writer),
+            featurizer=Featurizer(self.spark, self.stage.features, state),
+            dimensions=dimensions,
+        )
 
     def _parsed(self, name: str, source: KafkaSource) -> DataFrame:
         raw = read_kafka(
@@ -290,47 +333,49 @@ class LiveRun(StageRun[LiveStage]):
         )
         return parse_kafka(raw, source, name)
 
-    def intake_frame(self) -> DataFrame:
-        """Every record of every topic, in the dead-letter layout, with its reason ('' if valid)."""
-        frames = [
-            self._parsed(n, s).select(*DEAD_LETTER_COLUMNS[:-1], REASON) for n, s in self.sources
-        ]
-        return reduce(DataFrame.unionByName, frames)
+    def stream_frame(self) -> DataFrame:
+        """Every record read (dead-letter layout, reason, event time) beside the joined rows."""
+        parsed = {name: self._parsed(name, source) for name, source in self.sources}
+        records = reduce(
+            DataFrame.unionByName,
+            [parsed[n].select(record_column(s.event_time)) for n, s in self.sources],
+        ).withColumn(KIND, F.lit("record"))
+        rows = self.labelled_frame(parsed).withColumn(KIND, F.lit("row"))
+        return rows.unionByName(records, allowMissingColumns=True)
 
-    def _valid(self, name: str, source: KafkaSource) -> DataFrame:
-        valid = self._parsed(name, source).where(F.col(REASON) == "")
+    def _valid(self, parsed: DataFrame, source: KafkaSource) -> DataFrame:
+        valid = parsed.where(F.col(REASON) == "")
         return valid.select(*[f.name for f in source.fields])
 
-    def labelled_frame(self) -> DataFrame:
-        """The valid events, joined in the stream with their labels (watermarked) if any."""
-        rows = self._valid(self.stage.events, self.events)
+    def labelled_frame(self, parsed: dict[str, DataFrame]) -> DataFrame:
+        """The valid events, deduplicated by their key and joined in the stream with their
+        labels (watermarked) if any."""
+        events = self.events
+        rows = self._valid(parsed[self.stage.events], events)
+        key = events.key or (self.labels[0].key if self.labels is not None else None)
         if self.labels is None:
-            return rows
+            return deduplicated(rows, events.event_time, events.watermark, key) if key else rows
         label, source = self.labels
         return label_stream(
             rows,
-            self._valid(label.source, source),
+            self._valid(parsed[label.source], source),
             label,
-            self.events.event_time,
-            self.events.watermark,
+            events.event_time,
+            events.watermark,
             source.event_time,
             source.watermark,
+            event_key=key,
         )
 
-    def start_queries(
-        self, checkpoint: Path, writers: dict[str, BatchWriter]
-    ) -> dict[str, StreamingQuery]:
-        """The intake query, then the main one, each under its own checkpoint."""
-        frames = {"intake": self.intake_frame(), "main": self.labelled_frame()}
-        return {role: self.start(role, frames[role], writers[role], checkpoint) for role in frames}
-
-    def start(
-        self, role: str, frame: DataFrame, writer: BatchWriter, checkpoint: Path
-    ) -> StreamingQuery:
+    def start(self, checkpoint: Path, writer: StreamWriter) -> StreamingQuery:
+        # The largest input watermark wins (see the module docstring); recorded in a new
+        # checkpoint, and a checkpoint made before keeps the policy it was made with.
+        self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "max")
         stream = (
-            frame.writeStream.queryName(f"{self.pipeline.name}.{self.stage.name}.{role}")
+            self.stream_frame()
+            .writeStream.queryName(self.query_name)
             .foreachBatch(writer)
-            .option("checkpointLocation", str(checkpoint / role))
+            .option("checkpointLocation", str(checkpoint))
         )
         if self.options.mode == "continuous":
             stream = stream.trigger(processingTime=self.stage.trigger)
@@ -338,32 +383,74 @@ class LiveRun(StageRun[LiveStage]):
             stream = stream.trigger(availableNow=True)
         return stream.start()
 
+    def supervise(self, checkpoint: Path, writer: StreamWriter, watch: _Watch) -> None:
+        """Run the query; when it fails, start it again from its checkpoint after a pause, up
+        to ``max_restarts`` times. An error of the pipeline itself is raised at once."""
+        limit = self.options.max_restarts
+        while True:
+            query = self.start(checkpoint, writer)
+            try:
+                _await(query, self.options, watch, self.on_batch, self.progress, self.stop)
+                return
+            except StreamFailedError as failure:
+                if not failure.transient:
+                    raise
+                if watch.restarts >= limit:
+                    raise StreamFailedError(
+                        f"live stage {self.stage.name!r} gave up after {watch.restarts} "
+                        f"restart(s) (--max-restarts {limit}): {failure.cause}",
+                        cause=failure.cause,
+                        transient=False,
+                    ) from failure
+                watch.restarts += 1
+                pause = backoff_s(watch.restarts)
+                self.progress(
+                    f"{self.stage.name}: the query failed ({failure.cause}); restart "
+                    f"{watch.restarts}/{limit} from its checkpoint in {pause:.0f}s"
+                )
+                self.on_batch({"restarts": float(watch.restarts)}, watch.last_batch)
+                self.sleep(pause)
+
     def count(self, outputs: _Outputs, watch: _Watch) -> StageReport:
         """The report: counts read back from the tables' commits (they hold across restarts),
-        and what the queries' progress said during this run."""
+        and what the query's progress said during this run."""
         report, stage = self.report, self.stage
-        intake = writer_totals(self.spark, outputs.dead_letters, outputs.intake_writer)
+        ledger = writer_totals(self.spark, outputs.dead_letters, outputs.writer)
         report.training_rows, report.positives = outputs.training.totals()
-        unusable = writer_totals(self.spark, outputs.dead_letters, outputs.unusable_writer)
-        report.events_input = intake[f"flow.input.{stage.events}"]
-        report.events_dead = intake[f"flow.dead.{stage.events}"] + unusable["added-records"]
+
+        def outcome(kind: str, source: str) -> int:
+            return int(ledger[f"flow.{kind}.{source}"])
+
+        events = stage.events
+        report.events_input = outcome("input", events)
+        late = outcome("late", events)
+        report.events_dead = outcome("invalid", events) + late + outcome("unusable", events)
+        report.duplicates = outcome("duplicates", events)
         if stage.label:
-            report.labels_input = intake[f"flow.input.{stage.label.source}"]
-            report.labels_dead = intake[f"flow.dead.{stage.label.source}"]
-        report.pending = report.events_input - report.events_dead - report.training_rows
+            labels = stage.label.source
+            report.labels_input = outcome("input", labels)
+            report.labels_dead = outcome("invalid", labels) + outcome("late", labels)
+            late += outcome("late", labels)
+        report.pending = (
+            report.events_input - report.events_dead - report.duplicates - report.training_rows
+        )
         if not stage.label:
             report.pending_bound = 0  # nothing waits for a window without a label join
         elif watch.state_rows is not None:
-            report.pending_bound = watch.state_rows + watch.late_dropped
+            report.pending_bound = watch.state_rows
         report.batches = watch.batches
         report.extra = {
             "run_rows_in": float(watch.rows_in),
-            "late_dropped": float(watch.late_dropped),
+            "late": float(late),
+            "late_by_operators": float(ledger["flow.operators_late"]),
+            "duplicates": float(report.duplicates),
             "state_rows": float(watch.state_rows or 0),
+            "restarts": float(watch.restarts),
         }
         return self.finish(
             f"{stage.name}: {report.training_rows:,} training rows, {report.events_dead:,} dead "
-            f"letters, {report.pending:,} pending in the label window (since the checkpoint began)"
+            f"letters ({late:,} late), {report.duplicates:,} duplicates, {report.pending:,} "
+            "pending in the label window (since the checkpoint began)"
         )
 
 

@@ -25,6 +25,8 @@ class StageReport:
     training_rows: int = 0
     pending: int = 0
     """Live only: valid events still in the label join's state, waiting for their window."""
+    duplicates: int = 0
+    """Live: events dropped as repeats of a key within the watermark."""
     labels_input: int = 0
     labels_dead: int = 0
     positives: int = 0
@@ -38,12 +40,16 @@ class StageReport:
 
     @property
     def reconciled(self) -> bool:
-        """Every event read is a training row, a dead letter or (live) pending in the join.
+        """Every event read is a training row, a dead letter, a duplicate or (live) pending in
+        the join.
 
         In a stream, ``pending`` is what the durable counts leave over; it must be non-negative
         (nothing written twice) and no more than the join's state holds (nothing lost).
         """
-        balanced = self.events_input == self.training_rows + self.events_dead + self.pending
+        balanced = (
+            self.events_input
+            == self.training_rows + self.events_dead + self.duplicates + self.pending
+        )
         bounded = self.pending_bound is None or self.pending <= self.pending_bound
         return self.pending >= 0 and balanced and bounded
 
@@ -58,6 +64,7 @@ class StageReport:
             "labels_dead_letters": float(self.labels_dead),
             "positives": float(self.positives),
             "pending": float(self.pending),
+            "duplicates": float(self.duplicates),
             "rows_in_per_s": rate,
             "reconciled": float(self.reconciled),
             **self.extra,

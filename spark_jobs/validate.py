@@ -20,6 +20,7 @@ __all__ = [
     "field_checks",
     "parse_kafka",
     "split",
+    "time_checks",
     "validate_table",
 ]
 
@@ -105,6 +106,48 @@ def field_checks(f: Field, typed: Column, raw: Column | None = None) -> list[Col
     return checks
 
 
+def time_checks(event_time: Column, source: KafkaSource) -> list[Column]:
+    """Reasons an event time is implausible: further ahead of, or behind, the processing time
+    than the source allows. In a stream ``current_timestamp()`` is the micro-batch's timestamp,
+    kept in the query's offset log, so a replayed batch judges every record the same way."""
+    now = F.current_timestamp()
+    name = source.event_time
+    shown = F.date_format(event_time, "yyyy-MM-dd HH:mm:ss")
+    at = F.date_format(now, "yyyy-MM-dd HH:mm:ss")
+    checks = []
+    if source.max_future is not None:
+        checks.append(
+            F.when(
+                event_time > now + F.expr(f"INTERVAL {source.max_future}"),
+                F.concat(
+                    F.lit(f"event time in the future: field '{name}' = "),
+                    shown,
+                    F.lit(" is more than "),
+                    F.lit(source.max_future),
+                    F.lit(" after the processing time "),
+                    at,
+                    F.lit(" (KafkaSource.max_future); fix the producer's clock"),
+                ),
+            )
+        )
+    if source.max_past is not None:
+        checks.append(
+            F.when(
+                event_time < now - F.expr(f"INTERVAL {source.max_past}"),
+                F.concat(
+                    F.lit(f"event time too old: field '{name}' = "),
+                    shown,
+                    F.lit(" is more than "),
+                    F.lit(source.max_past),
+                    F.lit(" before the processing time "),
+                    at,
+                    F.lit(" (KafkaSource.max_past; None admits any age)"),
+                ),
+            )
+        )
+    return checks
+
+
 def _typed(f: Field, raw: Column) -> Column:
     if f.is_array:
         return F.from_json(raw, SPARK_TYPES[f.type])
@@ -135,6 +178,7 @@ def parse_kafka(raw: DataFrame, source: KafkaSource, source_name: str) -> DataFr
         field_raw = F.col("_obj").getItem(f.name)
         typed[f.name] = _typed(f, field_raw)
         checks.extend(field_checks(f, typed[f.name], field_raw))
+    checks.extend(time_checks(typed[source.event_time], source))
     value = F.col("raw")
     reason = (
         F.when(value.isNull(), F.lit("empty record (null value)"))
@@ -147,6 +191,13 @@ def parse_kafka(raw: DataFrame, source: KafkaSource, source_name: str) -> DataFr
                     f" bytes, above KafkaSource.max_payload_bytes={source.max_payload_bytes}; "
                     "fix the producer or raise the limit"
                 ),
+            ),
+        )
+        .when(
+            ~F.is_valid_utf8(value.cast("string")),
+            F.concat(
+                F.lit("not valid UTF-8 (a producer wrote other bytes): "),
+                _quoted(F.make_valid_utf8(value.cast("string"))),
             ),
         )
         .when(

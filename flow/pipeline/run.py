@@ -39,6 +39,12 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
         help="keep streams running instead of stopping once caught up",
     )
     parser.add_argument("--duration", type=float, help="with --continuous: stop after SECONDS")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=10,
+        help="live stages: restarts of a failed query from its checkpoint (default: 10)",
+    )
     parser.add_argument("--feature-state", help="feature state version (default: latest)")
     parser.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     parser.add_argument(
@@ -60,6 +66,7 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
         feature_state=args.feature_state,
         tracking=not args.no_tracking,
         since_snapshot=args.since_snapshot,
+        max_restarts=args.max_restarts,
     )
 
 

@@ -61,6 +61,16 @@ class KafkaSource:
     """Larger records are dead letters ("oversized")."""
     max_records_per_batch: int | None = None
     """Cap on records per micro-batch (Spark maxOffsetsPerTrigger)."""
+    key: str | None = None
+    """A field that identifies an event: a repeat of a key within the watermark is dropped as a
+    duplicate, and counted. A label join's key dedupes its label source without this."""
+    max_future: str | None = "10 minutes"
+    """The furthest an event time may be ahead of the processing time; a record beyond it is a
+    dead letter ("event time in the future"), so one bad clock cannot move the watermark.
+    None: no bound."""
+    max_past: str | None = "30 days"
+    """The furthest an event time may be behind the processing time; a record beyond it is a
+    dead letter ("event time too old"). None: no bound (replaying a long-retention topic)."""
 
     def __post_init__(self) -> None:
         owner = f"KafkaSource({self.topic!r})"
@@ -69,6 +79,16 @@ class KafkaSource:
         _fields(self.fields, owner)
         _event_time(self.fields, self.event_time, owner)
         check_interval(self.watermark, f"{owner}.watermark")
+        for bound in ("max_future", "max_past"):
+            value = getattr(self, bound)
+            if value is not None:
+                check_interval(value, f"{owner}.{bound}")
+        names = [f.name for f in self.fields]
+        if self.key is not None and self.key not in names:
+            raise ConfigError(
+                f"{owner}: key {self.key!r} is not a declared field; fields: {', '.join(names)}"
+                f"{did_you_mean(self.key, names)}"
+            )
         if self.max_payload_bytes < 16:
             raise ConfigError(f"{owner}: max_payload_bytes={self.max_payload_bytes} is too small")
         if self.max_records_per_batch is not None and self.max_records_per_batch < 1:

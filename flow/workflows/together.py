@@ -78,14 +78,29 @@ def run_together(
         process = subprocess.Popen(trainer.argv, env=env)
         try:
             spark_code = launch_spark(spark_argv, {PARENT_RUN_ENV: run.run_id})
-            say(f"Spark job ended ({spark_code}); closing {', '.join(trainer.channels)}")
-            trainer.close_channels()
-            trainer_code = process.wait()
+            if spark_code:
+                # The channels will not be finished: a trainer left to follow them would wait
+                # for commits that never come.
+                say(f"the Spark job failed (exit {spark_code}); stopping the trainer")
+                trainer_code = _stop(process)
+            else:
+                say(f"Spark job ended; closing {', '.join(trainer.channels)}")
+                trainer.close_channels()
+                trainer_code = process.wait()
         except BaseException:
-            process.terminate()
-            process.wait(timeout=60)
+            _stop(process)
             raise
         run.log_metrics({"spark_exit_code": spark_code, "trainer_exit_code": trainer_code})
         if spark_code or trainer_code:
             raise SystemExit(spark_code or trainer_code)
     return run.run_id
+
+
+def _stop(process: subprocess.Popen[bytes], grace_s: float = 60.0) -> int:
+    """Ask the trainer to stop (SIGTERM: torchrun passes it to every rank), then make it."""
+    process.terminate()
+    try:
+        return process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()

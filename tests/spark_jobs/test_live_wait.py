@@ -1,5 +1,6 @@
-"""A live stage's wait loop, on stand-in queries: each batch reported once, failures raised with
-the query's role, every query stopped however the wait ends."""
+"""A live stage's wait loop and supervisor, on stand-in queries: each batch reported once,
+failures classified and retried from the checkpoint with backoff, the query stopped however the
+wait ends."""
 
 from __future__ import annotations
 
@@ -11,16 +12,19 @@ import pytest
 from pyspark.sql.streaming.query import StreamingQuery
 
 from flow.pipeline.run import RunOptions
-from spark_jobs.live import StreamFailedError, _await, _Watch
+from spark_jobs.live import LiveRun, StreamFailedError, _await, _Watch, backoff_s
 
 
 class StandIn:
     """What the wait loop uses of a StreamingQuery, with progress given up front."""
 
-    def __init__(self, progress: list[dict[str, Any]], *, active: bool = True) -> None:
+    def __init__(
+        self, progress: list[dict[str, Any]], *, active: bool = True, error: str | None = None
+    ) -> None:
         self.isActive = active
+        self.name = "p.live"
         self.recentProgress = [SimpleNamespace(json=json.dumps(p)) for p in progress]
-        self.error: str | None = None
+        self.error = error
         self.stopped = False
 
     def exception(self) -> str | None:
@@ -33,27 +37,28 @@ class StandIn:
         self.isActive, self.stopped = False, True
 
 
-def batch(batch_id: int, rows: int, state_rows: int, late: int) -> dict[str, Any]:
+def batch(batch_id: int, rows: int, state_rows: int, run: str = "r1") -> dict[str, Any]:
     return {
         "id": "q",
+        "runId": run,
         "batchId": batch_id,
         "numInputRows": rows,
         "inputRowsPerSecond": 10.0,
         "processedRowsPerSecond": 20.0,
         "durationMs": {"triggerExecution": 30, "addBatch": 25},
-        "stateOperators": [{"numRowsTotal": state_rows, "numRowsDroppedByWatermark": late}],
+        "stateOperators": [{"numRowsTotal": state_rows, "numRowsDroppedByWatermark": 0}],
         "sources": [{"metrics": {"maxOffsetsBehindLatest": "4", "avgOffsetsBehindLatest": "2"}}],
     }
 
 
 def wait(
-    queries: dict[str, StandIn], stop: bool = False, options: RunOptions | None = None
+    query: StandIn, stop: bool = False, options: RunOptions | None = None
 ) -> tuple[_Watch, list[tuple[dict[str, float], int]], list[str]]:
     watch = _Watch()
     batches: list[tuple[dict[str, float], int]] = []
     said: list[str] = []
     _await(
-        cast(dict[str, StreamingQuery], queries),
+        cast(StreamingQuery, query),
         options or RunOptions(mode="continuous"),
         watch,
         lambda metrics, step: batches.append((metrics, step)),
@@ -63,43 +68,112 @@ def wait(
     return watch, batches, said
 
 
-def test_each_main_batch_is_reported_once_and_intake_batches_not_at_all() -> None:
-    intake = StandIn([batch(0, 9, 0, 0)])
-    main = StandIn([batch(0, 5, 3, 1), batch(1, 2, 4, 0)])
-    watch, batches, said = wait({"intake": intake, "main": main}, stop=True)
+def test_each_batch_is_reported_once() -> None:
+    query = StandIn([batch(0, 5, 3), batch(1, 2, 4)])
+    watch, batches, said = wait(query, stop=True)
     assert [step for _, step in batches] == [0, 1]  # polled in the loop and after it: once each
     assert batches[0][0]["batch_rows_in"] == 5.0
     assert batches[0][0]["batch_sink_ms"] == 25.0
     assert batches[0][0]["kafka_lag_max"] == 4.0
-    assert (watch.rows_in, watch.late_dropped, watch.state_rows, watch.batches) == (7, 1, 4, 2)
-    assert said == ["asked to stop; stopping the queries"]
-    assert intake.stopped
-    assert main.stopped
+    assert (watch.rows_in, watch.state_rows, watch.batches, watch.last_batch) == (7, 4, 2, 1)
+    assert said == ["asked to stop; stopping the query"]
+    assert query.stopped
 
 
-def test_a_failed_query_is_raised_with_its_role_and_the_others_are_stopped() -> None:
-    intake, main = StandIn([]), StandIn([])
-    main.error = "broker gone"
-    with pytest.raises(StreamFailedError, match="the main query failed: broker gone"):
-        wait({"intake": intake, "main": main})
-    assert intake.stopped
-    assert main.stopped
+def test_a_failed_query_is_raised_in_one_line_and_stopped() -> None:
+    error = (
+        "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
+        "org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms expired before "
+        "the position for partition ctr.impressions-0 could be determined\n\tat org.apache..."
+    )
+    query = StandIn([], error=error)
+    with pytest.raises(StreamFailedError) as failed:
+        wait(query)
+    assert failed.value.cause.startswith("org.apache.kafka.common.errors.TimeoutException")
+    assert "\n" not in str(failed.value)
+    assert failed.value.transient
+    assert query.stopped
+
+
+def test_an_error_of_the_pipeline_itself_is_not_transient() -> None:
+    error = "terminated with exception: ... flow.errors.SchemaMismatchError: column 'x' ..."
+    assert not StreamFailedError.of("stream", error).transient
+    assert StreamFailedError.of("stream", "terminated with exception: task failed").transient
 
 
 def test_the_duration_ends_a_continuous_run() -> None:
-    queries = {"intake": StandIn([]), "main": StandIn([])}
+    query = StandIn([])
     options = RunOptions(mode="continuous", duration_s=1e-9)
-    _, _, said = wait(queries, options=options)
-    assert said == ["duration of 0s reached; stopping the queries"]
-    assert all(q.stopped for q in queries.values())
+    _, _, said = wait(query, options=options)
+    assert said == ["duration of 0s reached; stopping the query"]
+    assert query.stopped
 
 
-def test_queries_that_have_caught_up_end_the_wait_without_a_stop() -> None:
-    queries = {
-        "intake": StandIn([], active=False),
-        "main": StandIn([batch(0, 1, 0, 0)], active=False),
-    }
-    _, batches, said = wait(queries, options=RunOptions())
+def test_a_query_that_has_caught_up_ends_the_wait_without_a_stop() -> None:
+    query = StandIn([batch(0, 1, 0)], active=False)
+    _, batches, said = wait(query, options=RunOptions())
     assert [step for _, step in batches] == [0]
     assert said == []
-    assert not any(q.stopped for q in queries.values())
+    assert not query.stopped
+
+
+class Supervised(LiveRun):
+    """A LiveRun whose queries are stand-ins: the supervisor alone, no Spark."""
+
+    def __init__(self, queries: list[StandIn], max_restarts: int) -> None:
+        self.options = RunOptions(max_restarts=max_restarts)
+        self.stage = cast(Any, SimpleNamespace(name="live"))
+        self.queries = queries
+        self.said: list[str] = []
+        self.slept: list[float] = []
+        self.logged: list[tuple[dict[str, float], int]] = []
+        self.progress = self.said.append
+        self.sleep = self.slept.append
+        self.stop = lambda: False
+        self.on_batch = lambda metrics, step: self.logged.append((metrics, step))
+
+    def start(self, checkpoint: Any, writer: Any) -> StreamingQuery:
+        return cast(StreamingQuery, self.queries.pop(0))
+
+
+TIMEOUT = "terminated with exception: org.apache.kafka.common.errors.TimeoutException: broker"
+
+
+def test_a_failing_query_is_restarted_from_its_checkpoint_with_backoff() -> None:
+    run = Supervised(
+        [
+            StandIn([batch(0, 3, 1)], error=TIMEOUT),
+            StandIn([], error=TIMEOUT),
+            StandIn([batch(1, 2, 0, run="r3")], active=False),
+        ],
+        max_restarts=5,
+    )
+    watch = _Watch()
+    run.supervise(cast(Any, None), cast(Any, None), watch)
+    assert watch.restarts == 2
+    assert run.slept == [backoff_s(1), backoff_s(2)] == [2.0, 4.0]
+    assert len(run.said) == 2
+    assert run.said[0].startswith("live: the query failed (org.apache.kafka.common.errors.")
+    assert "restart 1/5 from its checkpoint in 2s" in run.said[0]
+    assert [m for m, _ in run.logged if "restarts" in m] == [{"restarts": 1.0}, {"restarts": 2.0}]
+    assert watch.batches == 2  # batches of every run of the query, each once
+
+
+def test_the_supervisor_gives_up_after_its_bound_with_one_line() -> None:
+    run = Supervised([StandIn([], error=TIMEOUT) for _ in range(3)], max_restarts=2)
+    with pytest.raises(StreamFailedError, match=r"gave up after 2 restart\(s\)") as failed:
+        run.supervise(cast(Any, None), cast(Any, None), _Watch())
+    assert "\n" not in str(failed.value)
+    assert run.slept == [2.0, 4.0]
+
+
+def test_the_supervisor_does_not_retry_an_error_of_the_pipeline() -> None:
+    error = "terminated with exception: flow.errors.ConfigError: column 'price' is missing"
+    run = Supervised([StandIn([], error=error)], max_restarts=5)
+    with pytest.raises(StreamFailedError, match="column 'price' is missing"):
+        run.supervise(cast(Any, None), cast(Any, None), _Watch())
+    assert run.slept == []
+
+
+def test_backoff_doubles_to_a_minute() -> None:
+    assert [backoff_s(n) for n in (1, 2, 3, 5, 6, 10)] == [2.0, 4.0, 8.0, 32.0, 60.0, 60.0]

@@ -54,7 +54,9 @@ from tests.support import handoff_rows
 
 pytestmark = pytest.mark.integration
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+# Three hours ago: recent enough for the live sources' bounds on event time (max_past), far
+# enough back that every event time the tests use (up to T0 + 90 min) is in the past.
+T0 = (datetime.now(UTC) - timedelta(hours=3)).replace(second=0, microsecond=0)
 TS = pa.timestamp("us", tz="UTC")
 IMPRESSIONS = (
     Field("id", "string", required=True),

@@ -1,0 +1,96 @@
+"""What a streaming query knows about the micro-batch it is writing, read exactly and durably.
+
+Two facts a ``foreachBatch`` writer needs to account for every record, which Spark does not hand
+to it:
+
+* **The late-event watermark.** A stateful operator drops an input row whose event time is at
+  or before the watermark of the *previous* micro-batch (since Spark 3.4, a batch evicts state
+  with its own watermark but judges lateness with the one before). Every batch's watermark is
+  in the query's write-ahead offset log (``<checkpoint>/offsets/<batch>``, ``batchWatermarkMs``),
+  written before the batch runs and kept across restarts, so a replayed batch finds the same
+  threshold. :func:`late_threshold_ms` reads it; the writer dead-letters the rows below it, the
+  ones Spark's operators drop, instead of letting them vanish.
+* **The rows the stateful operators dropped.** Each operator counts its drops in its plan's
+  metrics (``numRowsDroppedByWatermark``, ``numDroppedDuplicateRows``). While ``foreachBatch``
+  runs, the query's ``lastExecution`` is this batch's plan, and once the writer has materialized
+  the batch the counts are final: :func:`dropped_rows` sums them per operator kind. They are
+  stored in the batch's own commit, so they survive restarts like every other count.
+
+Both were checked on Spark 4.1 against the query progress Spark reports after each batch
+(tests/spark_jobs/test_live_faults.py keeps checking them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+__all__ = ["Dropped", "dropped_rows", "late_threshold_ms"]
+
+
+def late_threshold_ms(checkpoint: Path, batch_id: int) -> int:
+    """Event times at or before this (ms since the epoch) are late in ``batch_id``: the
+    watermark of the batch before it (0 for a query's first batch)."""
+    if batch_id <= 0:
+        return 0
+    log = checkpoint / "offsets" / str(batch_id - 1)
+    try:
+        metadata = json.loads(log.read_text().splitlines()[1])
+    except (OSError, IndexError, json.JSONDecodeError) as exc:
+        raise RuntimeError(
+            f"the offset log {log} of the query's previous batch cannot be read ({exc}); the "
+            "checkpoint is damaged or was written by another Spark version"
+        ) from exc
+    return int(metadata.get("batchWatermarkMs", 0))
+
+
+@dataclass
+class Dropped:
+    """Rows a micro-batch's stateful operators dropped."""
+
+    late: int = 0
+    """Rows at or before the late-event watermark (every operator's, summed)."""
+    duplicate_events: int = 0
+    """Repeats of an event key within the watermark."""
+    duplicate_labels: int = 0
+    """Repeats of a label key within the watermark."""
+
+
+def _children(node: Any) -> list[Any]:
+    children = node.children()
+    return [children.apply(i) for i in range(children.size())]
+
+
+def _metric(node: Any, name: str) -> int:
+    metrics = node.metrics()
+    return int(metrics.apply(name).value()) if metrics.contains(name) else 0
+
+
+def dropped_rows(spark: SparkSession, query_name: str, is_label_keys: Any) -> Dropped:
+    """What the stateful operators of the running batch of ``query_name`` dropped so far.
+
+    Call it from the query's ``foreachBatch`` after the batch was materialized (persisted and
+    counted), so every task has reported. ``is_label_keys(text)`` tells a deduplication of
+    labels from one of events by its keys' text.
+    """
+    query = next((q for q in spark.streams.active if q.name == query_name), None)
+    if query is None:
+        raise RuntimeError(f"no active streaming query is named {query_name!r}")
+    execution = query._jsq.streamingQuery().lastExecution()
+    found = Dropped()
+    pending = [execution.executedPlan()]
+    while pending:
+        node = pending.pop()
+        pending.extend(_children(node))
+        found.late += _metric(node, "numRowsDroppedByWatermark")
+        duplicates = _metric(node, "numDroppedDuplicateRows")
+        if duplicates:
+            if is_label_keys(str(node.keyExpressions())):
+                found.duplicate_labels += duplicates
+            else:
+                found.duplicate_events += duplicates
+    return found

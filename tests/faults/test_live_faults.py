@@ -1,0 +1,299 @@
+"""Faults on a running live stage, on the real services: the driver killed (-9) at random moments,
+the broker gone for over a minute. Every produced record is accounted for afterwards: a training
+row (with the right label) or a dead letter (with the right reason) or a counted duplicate, none
+lost, none twice.
+
+    pytest -m faults tests/faults
+
+Each test writes its figures (events in, rows out, lost, duplicated, dead letters by reason) to
+``$FLOW_HOME/faults/<test>.json``; docs/reliability.md shows a run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flow.config import StackConfig
+from flow.handoff import Channel
+from flow.stack.iceberg import open_catalog
+from flow.stack.kafka import ensure_topics
+from tests.faults.events import BROKEN, Expected, Producer, marker_of
+from tests.support import FLOW_BIN, REPO, clean_environ, handoff_rows, run_flow
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+PIPELINE = str(REPO / "tests" / "faults" / "live_pipeline.py")
+
+
+class Stage:
+    """``flow run`` of the suite's live stage, as a user starts it: killable as a whole."""
+
+    def __init__(self, env: dict[str, str], namespace: str, log: Path) -> None:
+        self.env, self.namespace, self.log = env, namespace, log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def argv(self, *more: str) -> list[str]:
+        return [FLOW_BIN, "run", PIPELINE, "--namespace", self.namespace, *more]
+
+    def start(self, *more: str) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                self.argv("--continuous", *more),
+                env={**clean_environ(), **self.env},
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: the JVM and workers die with it
+            )
+
+    def kill(self) -> None:
+        """kill -9 of the whole job: the flow command, spark-submit's JVM, the Python driver."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def drain(self) -> subprocess.CompletedProcess[str]:
+        """A run that reads what has arrived and stops (Spark's availableNow)."""
+        done = run_flow(self.argv()[1:], self.env, timeout=600)
+        with self.log.open("a") as out:
+            out.write(done.stdout + done.stderr)
+        return done
+
+
+def rows(stack: StackConfig, namespace: str) -> list[dict[str, Any]]:
+    where = f"{stack.handoff}/{namespace}"
+    if not Channel(where, "live").exists():
+        return []
+    return list(handoff_rows(where, "live").select(["id", "label"]).to_pylist())
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(2)
+
+
+def ledger(stack: StackConfig, namespace: str) -> Counter[str]:
+    """The counts every commit of the stage put in the dead-letter table's snapshots."""
+    table = open_catalog(stack.catalog).load_table(f"{namespace}.dead_letters")
+    totals: Counter[str] = Counter()
+    for snapshot in table.metadata.snapshots:
+        summary = snapshot.summary
+        for key, value in (summary.additional_properties if summary else {}).items():
+            if key.startswith("flow.") and key not in ("flow.writer", "flow.batch"):
+                totals[key] += int(value)
+    return totals
+
+
+def dead_letters(stack: StackConfig, namespace: str) -> list[dict[str, Any]]:
+    table = open_catalog(stack.catalog).load_table(f"{namespace}.dead_letters")
+    return list(table.scan(selected_fields=("raw", "key", "reason")).to_arrow().to_pylist())
+
+
+def account(stack: StackConfig, namespace: str, expected: Expected) -> dict[str, Any]:
+    """Everything produced, matched to what came out; the figures of docs/reliability.md."""
+    trained = rows(stack, namespace)
+    ids = Counter(r["id"] for r in trained)
+    labels = {r["id"]: r["label"] for r in trained}
+    letters = dead_letters(stack, namespace)
+    by_marker: dict[str, list[str]] = {}
+    for letter in letters:
+        marker = marker_of(letter["raw"], letter["key"])
+        by_marker.setdefault(marker or "?", []).append(letter["reason"])
+    counts = ledger(stack, namespace)
+    lost = sorted(set(expected.labels) - set(ids) - expected.pending)
+    return {
+        "impressions_in": expected.impressions,
+        "clicks_in": expected.clicks,
+        "training_rows": len(trained),
+        "lost": lost,
+        "duplicated": sorted(i for i, n in ids.items() if n > 1),
+        "wrong_labels": sorted(i for i in labels if labels[i] != expected.labels.get(i, labels[i])),
+        "dead_letters": len(letters),
+        "dead_letters_by_reason": dict(Counter(_kind(r["reason"]) for r in letters)),
+        "unmatched_dead_letters": by_marker.get("?", []),
+        "missing_dead_letters": sorted(m for m in expected.reasons if m not in by_marker),
+        "dead_letters_twice": sorted(m for m, found in by_marker.items() if len(found) > 1),
+        "wrong_reasons": {
+            m: found
+            for m, found in by_marker.items()
+            if m in expected.reasons and expected.reasons[m] not in found[0]
+        },
+        "duplicates_counted": counts["flow.duplicates.impressions"],
+        "duplicates_sent": expected.duplicates,
+        "late": counts["flow.late.impressions"],
+        "late_by_spark_operators": counts["flow.operators_late"],
+        "input_counted": counts["flow.input.impressions"] + counts["flow.input.clicks"],
+        "pending": sorted(expected.pending),
+    }
+
+
+def _kind(reason: str) -> str:
+    """A reason without its values: 'late', 'not a JSON object', "field 'position' = ..."."""
+    return reason.split(":")[0] if ":" in reason[:40] else reason.split(" = ")[0][:60]
+
+
+def check(found: dict[str, Any], expected: Expected) -> None:
+    assert found["lost"] == []
+    assert found["duplicated"] == []
+    assert found["wrong_labels"] == []
+    assert found["missing_dead_letters"] == []
+    assert found["dead_letters_twice"] == []
+    assert found["unmatched_dead_letters"] == []
+    assert found["wrong_reasons"] == {}
+    assert found["duplicates_counted"] == found["duplicates_sent"]
+    assert found["late"] == found["late_by_spark_operators"]  # ours are exactly Spark's drops
+    assert found["input_counted"] == expected.impressions + expected.clicks
+    # Every impression: a training row, a dead letter, a counted duplicate or still pending.
+    impression_letters = sum(1 for m in expected.reasons if m.startswith(("bad-imp", "late")))
+    assert expected.impressions == (
+        found["training_rows"] + impression_letters + found["duplicates_counted"] + 1
+    )
+
+
+def report(stack: StackConfig, name: str, found: dict[str, Any]) -> None:
+    folder = stack.home / "faults"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(found, indent=2))
+    print(f"\n{name}: " + json.dumps(found), file=sys.stderr)
+
+
+@pytest.fixture
+def namespace(running_stack: StackConfig) -> str:
+    ns = f"fz{uuid.uuid4().hex[:6]}"
+    ensure_topics(running_stack.kafka, [f"{ns}.impressions", f"{ns}.clicks"], partitions=2)
+    return ns
+
+
+def test_the_driver_killed_at_random_moments_loses_and_repeats_nothing(
+    running_stack: StackConfig, stack_env: dict[str, str], namespace: str, tmp_path: Path
+) -> None:
+    """Three kill -9 rounds, each restarted from the checkpoint; the last run with impressions
+    only, so the watermark must move after a restart without clicks."""
+    pick = random.Random(7)
+    stack = running_stack
+    now = datetime.now(UTC)
+    events = Producer(stack.kafka, namespace, base=now - timedelta(minutes=55))
+    stage = Stage(stack_env, namespace, tmp_path / "stage.log")
+    kills = 0
+
+    def labelled(expect: Callable[[str, float], bool]) -> Callable[[], bool]:
+        def check() -> bool:
+            found = {r["id"]: r["label"] for r in rows(stack, namespace)}
+            wanted = [i for i, label in events.expected.labels.items() if expect(i, label)]
+            return all(i in found for i in wanted)
+
+        return check
+
+    def number(ident: str) -> int:
+        return int(ident[1:]) if ident.startswith("v") else 0
+
+    try:
+        # Round 1: history-like traffic, clicks, duplicates and broken records of many kinds.
+        events.impressions(40, start=0, clicks=True)
+        events.duplicates(["v0005", "v0006", "v0007"], start=0)
+        events.broken([k for k in BROKEN if k <= "bad-imp-11"])
+        stage.start()
+        wait_for(labelled(lambda i, label: label == 1.0 and number(i) <= 12), "round 1 positives")
+        time.sleep(pick.uniform(0, 4))
+        stage.kill()
+        kills += 1
+
+        # Round 2: more traffic, the other broken kinds; then records behind the watermark.
+        events.impressions(40, start=12, clicks=True)
+        events.broken([k for k in BROKEN if k > "bad-imp-11"])
+        stage.start()
+        wait_for(labelled(lambda i, label: label == 1.0), "every positive so far")
+        events.late(["late1", "late2"], minutes=5)
+        events.impressions(40, start=24, clicks=False)
+        wait_for(labelled(lambda i, label: number(i) <= 60), "negatives whose windows closed")
+        time.sleep(pick.uniform(0, 6))
+        stage.kill()
+        kills += 1
+
+        # Round 3: impressions only, after a restart: their event times alone move the watermark.
+        events.impressions(20, start=36, clicks=False)
+        stage.start()
+        wait_for(labelled(lambda i, label: number(i) <= 100), "negatives after the restart")
+        time.sleep(pick.uniform(0, 6))
+        stage.kill()
+        kills += 1
+
+        # The end: an impression now closes every earlier window; a run that stops when caught up.
+        events.pending("v9999", datetime.now(UTC))
+        done = stage.drain()
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        if stage.process is not None and stage.process.poll() is None:
+            stage.kill()
+    found = account(stack, namespace, events.expected) | {"driver_kills": kills}
+    report(stack, "driver-kills", found)
+    check(found, events.expected)
+
+
+def test_a_broker_outage_of_over_a_minute_is_ridden_out(
+    running_stack: StackConfig, stack_env: dict[str, str], namespace: str, tmp_path: Path
+) -> None:
+    stack = running_stack
+    events = Producer(stack.kafka, namespace, base=datetime.now(UTC) - timedelta(minutes=40))
+    stage = Stage(stack_env, namespace, tmp_path / "stage.log")
+    try:
+        events.impressions(30, start=0, clicks=True)
+        stage.start()
+        wait_for(lambda: len(rows(stack, namespace)) > 0, "the first rows")
+        down = run_flow(["services", "down", "--only", "kafka"], stack_env)
+        assert down.returncode == 0, down.stderr
+        outage = time.monotonic()
+        time.sleep(70)  # past the Kafka client's 60 s timeout: the query fails, maybe repeatedly
+        up = run_flow(["services", "up", "--only", "kafka"], stack_env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        outage = time.monotonic() - outage
+    finally:
+        run_flow(["services", "up", "--only", "kafka"], stack_env)
+    try:
+        events = _reconnected(events, stack)
+        events.impressions(30, start=10, clicks=True)
+        assert stage.process is not None
+        assert stage.process.poll() is None, "the stage did not ride out the outage"
+        clicked = {i for i, label in events.expected.labels.items() if label == 1.0}
+        wait_for(lambda: clicked <= {r["id"] for r in rows(stack, namespace)},
+                 "the positives sent after the outage", timeout=420)  # fmt: skip
+        stage.kill()
+        events.pending("v9999", datetime.now(UTC))
+        done = stage.drain()
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        if stage.process is not None and stage.process.poll() is None:
+            stage.kill()
+    log = stage.log.read_text(errors="replace")
+    restarts = log.count("from its checkpoint in")
+    found = account(stack, namespace, events.expected) | {
+        "outage_s": round(outage),
+        "restarts": restarts,
+    }
+    report(stack, "broker-outage", found)
+    assert restarts >= 1, log[-3000:]
+    check(found, events.expected)
+
+
+def _reconnected(events: Producer, stack: StackConfig) -> Producer:
+    """The same expectations, a producer connected to the broker that came back."""
+    fresh = Producer(stack.kafka, events.namespace, events.base)
+    fresh.expected, fresh.next_id = events.expected, events.next_id
+    return fresh
