@@ -37,6 +37,7 @@ from pydantic_settings import (
 
 from flow import versions
 from flow.errors import ConfigError
+from flow.secrets import is_secret_key
 
 __all__ = [
     "ENV_VARS",
@@ -68,7 +69,9 @@ def _key_values(raw: object) -> object:
     for item in filter(None, (part.strip() for part in raw.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{item!r} is not key=value; write e.g. s3.endpoint=http://x")
+            # Not shown when it may be (part of) a credential.
+            shown = "an item naming a secret" if is_secret_key(item) else repr(item)
+            raise ValueError(f"{shown} is not key=value; write e.g. s3.endpoint=http://x")
         props[key.strip()] = value.strip()
     return props
 
@@ -112,6 +115,8 @@ class _Environment(BaseSettings):
         # `FLOW_LAKE= flow run ...` (set but empty) means the default, as it always has.
         env_ignore_empty=True,
         use_attribute_docstrings=True,
+        # The chained ValidationError would print FLOW_CATALOG_PROPERTIES, credentials and all.
+        hide_input_in_errors=True,
         frozen=True,
     )
 
@@ -262,8 +267,9 @@ class CatalogConfig:
     """SQLite file path for ``sql``; base URL of the server for ``rest``."""
     warehouse: str
     """Where table data and metadata go: a ``file://`` URI or an object-store URI."""
-    properties: Mapping[str, str] = field(default_factory=dict)
-    """Extra properties handed to both engines unchanged (``s3.endpoint``, credentials, ...)."""
+    properties: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """Extra properties handed to both engines unchanged (``s3.endpoint``, credentials, ...);
+    left out of ``repr`` for the credentials."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from flow.config import StackConfig
@@ -74,6 +75,9 @@ class Launch:
 
     argv: list[str]
     env: Mapping[str, str] = field(default_factory=dict)
+    private_files: tuple[Path, ...] = ()
+    """Files only this user can read that hold the command's secrets (:mod:`flow.secrets`);
+    whoever runs the command deletes them when it ends."""
 
 
 @runtime_checkable

@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 from flow import versions
 from flow.config import LOOPBACK, StackConfig
 from flow.errors import SparkSetupError
+from flow.secrets import is_secret
 from flow.stack import jars
 from spark_jobs.conf import REQUIRED_CLASSES, is_local_master, session_conf, stack_conf
 
@@ -60,6 +61,20 @@ def _missing_classes(jvm: Any) -> list[str]:
     """The connectors whose classes the driver JVM cannot load."""
     utils = jvm.org.apache.spark.util.Utils
     return [name for name, cls in REQUIRED_CLASSES.items() if not utils.classIsLoadable(cls)]
+
+
+def _launch_jvm(settings: Mapping[str, str]) -> None:
+    """Start the driver JVM with ``settings`` unless it runs already.
+
+    pyspark launches it with every setting of the session as a ``--conf`` argument, which every
+    local user can read in ``ps``; started first with the public ones, it gets the rest when the
+    session is created.
+    """
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized(
+        conf=SparkConf(loadDefaults=False).setAll(list(settings.items()))
+    )
 
 
 def get_session(
@@ -106,8 +121,13 @@ def get_session(
             # Spark's web UI binds to SPARK_LOCAL_IP, not spark.driver.bindAddress.
             os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
         resolved = stack_jars(stack)
-        settings = stack_conf(stack, resolved.jars, resolved.driver_classpath, master=master)
-        for key, value in {**settings, **(conf or {})}.items():
+        settings = {
+            **stack_conf(stack, resolved.jars, resolved.driver_classpath, master=master),
+            **(conf or {}),
+        }
+        _launch_jvm({k: v for k, v in settings.items() if not is_secret(k, v)})
+        # The secrets reach the running JVM through py4j, not its command line.
+        for key, value in settings.items():
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
 

@@ -1,8 +1,18 @@
 """``flow submit``: a spark-submit command line that carries the stack's settings.
 
 The user's own options win: a ``--conf`` key they give replaces ours, their ``--master`` replaces
-the default, and their ``--jars`` / ``--driver-class-path`` are appended to the stack's
-(spark-submit keeps only the last of each, so the two lists are merged into one).
+the default, their ``--properties-file`` overrides the stack's ``--conf`` settings, and their
+``--jars`` / ``--driver-class-path`` are appended to the stack's (spark-submit keeps only the last
+of each, so the two lists are merged into one).
+
+Secrets stay off the command line, which every local user can read in ``ps`` (spark-submit's
+JVM is also the driver's in client mode). Settings that look secret
+(:func:`flow.secrets.is_secret`), the stack's and the user's, go to a ``--properties-file`` in
+``$FLOW_HOME/private`` that only this user can read. spark-submit ranks ``--conf`` over that file
+over ``spark-defaults.conf``, which it reads beside the file only with ``--load-spark-defaults``:
+added unless the user gives a file of their own, which then (as in a plain spark-submit) replaces
+spark-defaults.conf. Their file is copied into ours after the stack's settings (the last line of
+a key wins), and all the stack's ``--conf`` settings move into ours, so that theirs win.
 """
 
 from __future__ import annotations
@@ -10,20 +20,23 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from flow.config import LOOPBACK, StackConfig
 from flow.engine import Launch
 from flow.errors import ConfigError, DependencyMissingError
+from flow.secrets import is_secret, new_private_file, rewrite_private_file
 from flow.stack.jars import pyspark_jars_dir
 from spark_jobs.conf import is_local_master, stack_conf
 from spark_jobs.session import stack_jars
 
 __all__ = [
+    "SPARK_ARGS_FILE",
     "SubmitArgs",
     "launch_env",
+    "properties_text",
     "spark_submit_executable",
     "split_submit_argv",
     "submit_command",
@@ -31,8 +44,14 @@ __all__ = [
 ]
 
 #: spark-submit options that take no value; every other option takes one.
-_FLAGS = frozenset({"--verbose", "-v", "--supervise", "--help", "-h", "--version"})
+_FLAGS = frozenset(
+    {"--verbose", "-v", "--supervise", "--help", "-h", "--version", "--load-spark-defaults"}
+)
+_CONF = frozenset({"--conf", "-c"})
 _MERGED = {"--jars": ",", "--driver-class-path": ":"}
+
+#: The file ``flow spark-args`` writes in ``$FLOW_HOME/private``.
+SPARK_ARGS_FILE = "spark-args.properties"
 
 
 @dataclass(frozen=True)
@@ -47,8 +66,10 @@ class SubmitArgs:
         found = [v for k, v in self.options if k == name]
         return found[-1] if found else None
 
-    def conf_keys(self) -> set[str]:
-        return {v.split("=", 1)[0] for k, v in self.options if k == "--conf" and v}
+    def confs(self) -> dict[str, str]:
+        """The ``--conf k=v`` settings (the last of a key wins, as in spark-submit)."""
+        pairs = (v.partition("=") for k, v in self.options if k in _CONF and v and "=" in v)
+        return {key: value for key, _, value in pairs}
 
 
 def split_submit_argv(argv: Sequence[str]) -> SubmitArgs:
@@ -92,7 +113,9 @@ def _stack_options(stack: StackConfig, master: str) -> dict[str, str]:
     return stack_conf(stack, resolved.jars, resolved.driver_classpath, master=master)
 
 
-def _as_options(conf: dict[str, str], skip_conf: set[str]) -> list[str]:
+def _launch_options(conf: dict[str, str]) -> list[str]:
+    """spark-submit's own options for the launch settings, taken out of ``conf``."""
+    conf.pop("spark.master")
     out = [
         "--jars",
         conf.pop("spark.jars"),
@@ -101,20 +124,67 @@ def _as_options(conf: dict[str, str], skip_conf: set[str]) -> list[str]:
     ]
     if "spark.driver.memory" in conf:
         out += ["--driver-memory", conf.pop("spark.driver.memory")]
-    conf.pop("spark.master")
-    for key, value in conf.items():
-        if key not in skip_conf:
-            out += ["--conf", f"{key}={value}"]
     return out
 
 
+def _conf_options(conf: Mapping[str, str]) -> list[str]:
+    return [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
+
+
+_ESCAPES = str.maketrans(
+    {"\\": "\\\\", "=": "\\=", ":": "\\:", "#": "\\#", "!": "\\!", "\t": "\\t",
+     "\n": "\\n", "\r": "\\r", "\f": "\\f"}
+)  # fmt: skip
+
+
+def _escaped(text: str, *, key: bool) -> str:
+    """``text`` as java.util.Properties reads it back (what ``Properties.store`` writes)."""
+    out = text.translate(_ESCAPES)
+    if key:
+        return out.replace(" ", "\\ ")
+    return "\\" + out if out.startswith(" ") else out
+
+
+def properties_text(conf: Mapping[str, str], heading: str) -> str:
+    """``conf`` in the properties format spark-submit reads (UTF-8), under a ``#`` heading."""
+    lines = [f"# {heading}"]
+    lines += [f"{_escaped(k, key=True)}={_escaped(v, key=False)}" for k, v in conf.items()]
+    return "\n".join(lines) + "\n"
+
+
 def submit_options(stack: StackConfig) -> list[str]:
-    """Options for a plain ``spark-submit --master ... $(flow spark-args) app.py``."""
-    return _as_options(_stack_options(stack, stack.spark.master), set())
+    """Options for a plain ``spark-submit --master ... $(flow spark-args) app.py``.
+
+    The secret settings are written to ``$FLOW_HOME/private/spark-args.properties`` (0600,
+    rewritten by each call) and given as ``--properties-file`` with ``--load-spark-defaults``.
+    """
+    conf = _stack_options(stack, stack.spark.master)
+    options = _launch_options(conf)
+    secret = {k: v for k, v in conf.items() if is_secret(k, v)}
+    options += _conf_options({k: v for k, v in conf.items() if k not in secret})
+    if secret:
+        text = properties_text(secret, "The stack's secret settings, written by `flow spark-args`")
+        path = rewrite_private_file(stack.home, SPARK_ARGS_FILE, text)
+        options += ["--properties-file", str(path), "--load-spark-defaults"]
+    return options
+
+
+def _users_properties(name: str) -> str:
+    path = Path(name)
+    if not path.is_file():
+        raise ConfigError(f"--properties-file {name} does not exist (relative to {Path.cwd()})")
+    # Spark reads it as UTF-8 and puts U+FFFD for what is not.
+    text = path.read_text(encoding="utf-8", errors="replace")
+    # A blank line ends a last line continued by a backslash before what follows it.
+    return f"# From {path.resolve()}\n{text}\n\n"
 
 
 def submit_command(argv: Sequence[str], stack: StackConfig) -> Launch:
-    """The spark-submit launch of ``argv`` with the stack's settings under the user's."""
+    """The spark-submit launch of ``argv`` with the stack's settings under the user's.
+
+    What looks secret goes to a file in ``$FLOW_HOME/private`` (:attr:`Launch.private_files`),
+    which whoever runs the launch deletes when it ends.
+    """
     args = split_submit_argv(argv)
     if not Path(args.app).exists():
         raise ConfigError(f"application {args.app} does not exist (relative to {Path.cwd()})")
@@ -122,18 +192,42 @@ def submit_command(argv: Sequence[str], stack: StackConfig) -> Launch:
     conf = _stack_options(stack, master)
     if args.value("--driver-memory") is not None:
         conf.pop("spark.driver.memory", None)
-    ours = _as_options(conf, args.conf_keys())
+    ours = _launch_options(conf)
+    users_confs = args.confs()
+    conf = {k: v for k, v in conf.items() if k not in users_confs}
+    users_file = args.value("--properties-file")
+    # Below a file of the user's, so that it overrides them: every one of ours.
+    filed = dict(conf) if users_file else {k: v for k, v in conf.items() if is_secret(k, v)}
+    ours += _conf_options({k: v for k, v in conf.items() if k not in filed})
 
     user: list[str] = []
+    users_secrets: dict[str, str] = {}
     for name, value in args.options:
         if name in _MERGED and value:
             at = ours.index(name) + 1
             ours[at] = _MERGED[name].join(filter(None, (ours[at], value)))
+        elif name == "--properties-file":
+            continue
+        elif name in _CONF and value and "=" in value and is_secret(*value.split("=", 1)):
+            key, _, secret = value.partition("=")
+            users_secrets[key] = secret
         else:
             user += [name] if value is None else [name, value]
+
+    private: tuple[Path, ...] = ()
+    if filed or users_secrets or users_file:
+        text = properties_text(filed, "The stack's settings, by `flow submit`") if filed else ""
+        if users_file:
+            text += _users_properties(users_file)
+        if users_secrets:
+            text += properties_text(users_secrets, "Secret --conf settings of the command")
+        private = (new_private_file(stack.home, text, ".properties"),)
+        user += ["--properties-file", str(private[0])]
+        if not users_file and args.value("--load-spark-defaults") is None:
+            user.append("--load-spark-defaults")
     head = [] if args.value("--master") else ["--master", master]
     argv_out = [spark_submit_executable(), *head, *ours, *user, args.app, *args.app_args]
-    return Launch(argv_out, launch_env(master))
+    return Launch(argv_out, launch_env(master), private)
 
 
 def launch_env(master: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ from flow.cli.common import console, friendly, progress, stack_config
 from flow.cli.local import stack_up
 from flow.config import StackConfig
 from flow.errors import FlowError
+from flow.secrets import redact_argv
 
 __all__ = ["bench", "launch", "run", "spark_args", "spark_launcher", "submit"]
 
@@ -24,8 +25,11 @@ _passthrough = {"ignore_unknown_options": True, "allow_interspersed_args": False
 
 
 def _abbreviated(argv: Sequence[str]) -> str:
-    """The command line with long jar lists shortened to a count, for the terminal."""
-    shown = [f"<{a.count(',') + 1} jars>" if a.count(",") > 3 and ".jar" in a else a for a in argv]
+    """The command line for the terminal: secrets redacted, long jar lists shortened to a count."""
+    shown = [
+        f"<{a.count(',') + 1} jars>" if a.count(",") > 3 and ".jar" in a else a
+        for a in redact_argv(argv)
+    ]
     return shlex.join(shown)
 
 
@@ -34,7 +38,13 @@ def launch(argv: Sequence[str], stack: StackConfig, extra: dict[str, str] | None
 
     launch = load_engine("spark").submit_command(list(argv), stack)
     console.print(f"[dim]$ {escape(_abbreviated(launch.argv))}[/]", highlight=False, soft_wrap=True)
-    return subprocess.call(launch.argv, env={**os.environ, **launch.env, **(extra or {})})
+    try:
+        return subprocess.call(launch.argv, env={**os.environ, **launch.env, **(extra or {})})
+    finally:
+        # spark-submit reads its properties file when it starts (in cluster mode it ships the
+        # settings with the application): once it has ended, nothing reads the file.
+        for path in launch.private_files:
+            path.unlink(missing_ok=True)
 
 
 def spark_launcher(stack: StackConfig) -> Callable[[Sequence[str], dict[str, str]], int]:
@@ -133,7 +143,13 @@ def flag(script: Path, name: str) -> bool:
 @click.command("spark-args")
 @friendly
 def spark_args() -> None:
-    """Print the spark-submit options that give a job the stack (for a plain spark-submit)."""
+    """Print the spark-submit options that give a job the stack (for a plain spark-submit).
+
+    Secret settings (FLOW_CATALOG_PROPERTIES credentials, ...) are not printed: they go to
+    $FLOW_HOME/private/spark-args.properties (readable by you only, rewritten by each call),
+    given as --properties-file with --load-spark-defaults. A --properties-file of your own
+    would replace it: use `flow submit`, which merges the two.
+    """
     from flow.engine import load_engine
 
     click.echo(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from flow.config import StackConfig
 from flow.handoff.channel import Channel
+from flow.secrets import redact_argv
 from flow.tracking import PARENT_RUN_ENV, MlflowTracker
 from flow.training import TrainConfig, save_config
 
@@ -71,9 +72,10 @@ def run_together(
     the MLflow run both nested under. A failure of either raises SystemExit with its code."""
     app = next((a for a in spark_argv if a.endswith(".py")), "pipeline")
     tracker = MlflowTracker(stack.mlflow.tracking_uri, experiment or f"pipeline-{Path(app).stem}")
-    with tracker.pipeline_run(Path(app).stem, params={"command": shlex.join(spark_argv)}) as run:
+    command = shlex.join(redact_argv(spark_argv))
+    with tracker.pipeline_run(Path(app).stem, params={"command": command}) as run:
         trainer = TrainerLaunch(trainer_config, processes, stack, run.run_id)
-        say(f"trainer: {shlex.join(trainer.argv[2:])}")
+        say(f"trainer: {shlex.join(redact_argv(trainer.argv[2:]))}")
         env = {**os.environ, PARENT_RUN_ENV: run.run_id}
         process = subprocess.Popen(trainer.argv, env=env)
         try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,76 @@ def test_flow_spark_args_make_a_plain_spark_submit_work(
     result = _result(done.stdout)
     assert result["master"] == "local[2]"
     assert result["catalog"] == "org.apache.iceberg.jdbc.JdbcCatalog"
+
+
+SECRET_APP = """
+import json, os
+import psutil
+from spark_jobs.session import get_session
+spark = get_session(app_name="secret-test")
+secret = os.environ["TEST_FAKE_SECRET"]
+leaks = [
+    p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+    if any(secret in arg for arg in p.info["cmdline"] or ())
+]
+# The driver JVM: spark-submit's (the parent) under spark-submit, else the one pyspark started.
+me = psutil.Process()
+jvm = me.parent() if "PYSPARK_GATEWAY_PORT" in os.environ else me.children()[0]
+print("RESULT " + json.dumps({
+    "leaks": leaks,
+    "jvm": " ".join(jvm.cmdline()),
+    "seen": spark.sparkContext.getConf().get("spark.sql.catalog.flow.s3.secret-access-key")
+    == secret,
+    "rows": spark.range(3).count(),
+}))
+"""
+
+
+def _with_secret(stack_env: dict[str, str]) -> tuple[str, dict[str, str]]:
+    secret = f"fake-{uuid.uuid4().hex}=a:b#c"
+    env = {
+        **stack_env,
+        "FLOW_CATALOG_PROPERTIES": f"s3.endpoint=http://127.0.0.1:1,s3.secret-access-key={secret}",
+        "TEST_FAKE_SECRET": secret,
+    }
+    return secret, env
+
+
+def test_flow_submit_keeps_a_secret_off_every_command_line(
+    running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(SECRET_APP)
+    secret, env = _with_secret(stack_env)
+    done = run_flow(["submit", "--master", "local[1]", str(app)], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _result(done.stdout)
+    assert result["leaks"] == []
+    assert "org.apache.spark.deploy.SparkSubmit" in str(result["jvm"])
+    assert "--properties-file" in str(result["jvm"])
+    assert result["seen"] is True  # the job has it in its SparkConf all the same
+    assert result["rows"] == 3
+    assert "$ " in done.stderr
+    assert secret not in done.stderr + done.stdout  # nor printed
+    assert list((running_stack.home / "private").iterdir()) == []  # deleted after the job
+
+
+def test_a_session_pyspark_starts_keeps_a_secret_off_the_jvms_command_line(
+    running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(SECRET_APP)
+    _, env = _with_secret({**stack_env, "FLOW_SPARK_MASTER": "local[1]"})
+    done = subprocess.run(
+        [sys.executable, str(app)],
+        env={**clean_environ(), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _result(done.stdout)
+    assert result["leaks"] == []
+    assert "pyspark-shell" in str(result["jvm"])
+    assert result["seen"] is True

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from flow.cli import jobs
+from flow.cli.jobs import _abbreviated
 from flow.config import StackConfig
+from flow.console import console as make_console
 from flow.errors import ConfigError
 from flow.stack import jars
 from spark_jobs import submit
@@ -108,3 +113,131 @@ def test_spark_submit_runs_the_application_with_this_interpreter(
 def test_a_missing_application_is_named(stack: StackConfig, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nope\.py does not exist"):
         submit.submit_command([str(tmp_path / "nope.py")], stack)
+
+
+SECRET = "s3cr3t-value=a:b#c"
+"""A fake credential, with characters the properties format escapes."""
+
+
+@pytest.fixture
+def secret_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StackConfig:
+    lib = tmp_path / "lib"
+    resolved = jars.ResolvedJars("spark", lib, (lib / "iceberg.jar",), ())
+    monkeypatch.setattr(submit, "stack_jars", lambda _stack: resolved)
+    return StackConfig.from_env(
+        {
+            "FLOW_HOME": str(tmp_path / "home"),
+            "FLOW_CATALOG_PROPERTIES": f"s3.endpoint=http://h:9000,s3.secret-access-key={SECRET}",
+        }
+    )
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_secret_goes_to_a_private_properties_file_not_the_command_line(
+    secret_stack: StackConfig, app: str
+) -> None:
+    launch = submit.submit_command(["--conf", "spark.sql.shuffle.partitions=3", app], secret_stack)
+    printed = _abbreviated(launch.argv)
+    assert not any("s3cr3t" in arg for arg in launch.argv)
+    assert "s3cr3t" not in printed
+    # What is not secret stays on the command line, to be seen.
+    assert "spark.sql.catalog.flow.s3.endpoint=http://h:9000" in _pairs(launch.argv, "--conf")
+    assert "spark.sql.shuffle.partitions=3" in _pairs(launch.argv, "--conf")
+    (path,) = launch.private_files
+    assert _pairs(launch.argv, "--properties-file") == [str(path)]
+    assert "--load-spark-defaults" in launch.argv  # spark-defaults.conf still applies, beneath
+    assert path.parent == secret_stack.home / "private"
+    assert (_mode(path.parent), _mode(path)) == (0o700, 0o600)
+    assert "spark.sql.catalog.flow.s3.secret-access-key=s3cr3t-value\\=a\\:b\\#c\n" in (
+        path.read_text()
+    )
+
+
+def test_without_secrets_there_is_no_properties_file(stack: StackConfig, app: str) -> None:
+    launch = submit.submit_command([app], stack)
+    assert launch.private_files == ()
+    assert "--properties-file" not in launch.argv
+    assert "--load-spark-defaults" not in launch.argv
+
+
+def test_a_secret_conf_of_the_users_goes_to_the_file_and_wins(
+    secret_stack: StackConfig, app: str
+) -> None:
+    key = "spark.sql.catalog.flow.s3.secret-access-key"
+    launch = submit.submit_command(
+        ["-c", f"{key}=users-s3cr3t", "--conf", "spark.hadoop.fs.s3a.secret.key=other", app],
+        secret_stack,
+    )
+    assert not any("s3cr3t" in arg or "other" in arg for arg in launch.argv)
+    text = launch.private_files[0].read_text()
+    assert f"{key}=users-s3cr3t\n" in text
+    assert "spark.hadoop.fs.s3a.secret.key=other\n" in text
+    assert SECRET.split("=")[0] not in text  # the user's value replaced the stack's
+
+
+def test_a_properties_file_of_the_users_is_merged_over_the_stacks(
+    secret_stack: StackConfig, app: str, tmp_path: Path
+) -> None:
+    theirs = tmp_path / "mine.conf"
+    theirs.write_text("spark.sql.session.timeZone Europe/Paris\n")
+    launch = submit.submit_command(
+        ["--properties-file", str(theirs), "--conf", "spark.x=1", app], secret_stack
+    )
+    # Every stack setting is in the file, before the user's lines (the last line of a key
+    # wins); the user's --conf stays on the command line, over the file.
+    assert _pairs(launch.argv, "--conf") == ["spark.x=1"]
+    assert _pairs(launch.argv, "--properties-file") == [str(launch.private_files[0])]
+    # As in a plain spark-submit, their file replaces spark-defaults.conf.
+    assert "--load-spark-defaults" not in launch.argv
+    text = launch.private_files[0].read_text()
+    assert text.index("spark.sql.session.timeZone=UTC") < text.index(
+        "spark.sql.session.timeZone Europe/Paris"
+    )
+    assert "s3cr3t" in text
+
+
+def test_a_missing_properties_file_is_named(secret_stack: StackConfig, app: str) -> None:
+    with pytest.raises(ConfigError, match=r"--properties-file nope\.conf does not exist"):
+        submit.submit_command(["--properties-file", "nope.conf", app], secret_stack)
+
+
+def test_spark_args_point_at_a_private_file_instead_of_printing_secrets(
+    secret_stack: StackConfig,
+) -> None:
+    options = submit.submit_options(secret_stack)
+    assert not any("s3cr3t" in o for o in options)
+    (path,) = _pairs(options, "--properties-file")
+    assert Path(path) == secret_stack.home / "private" / submit.SPARK_ARGS_FILE
+    assert _mode(Path(path)) == 0o600
+    assert "s3cr3t" in Path(path).read_text()
+    assert options[-1] == "--load-spark-defaults"
+
+
+def test_the_properties_format_escapes_what_java_would_misread() -> None:
+    text = submit.properties_text({"a key": " v=1:2#3!4\\5\nx"}, "heading")
+    assert text == "# heading\na\\ key=\\ v\\=1\\:2\\#3\\!4\\\\5\\nx\n"
+
+
+def test_flow_submit_prints_no_secret_and_removes_the_file_after_the_job(
+    secret_stack: StackConfig,
+    app: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    seen: list[list[str]] = []
+
+    def call(argv: list[str], env: dict[str, str]) -> int:
+        seen.append(argv)
+        assert Path(_pairs(argv, "--properties-file")[0]).exists()  # there while it runs
+        return 0
+
+    monkeypatch.setattr(subprocess, "call", call)
+    monkeypatch.setattr(jobs, "console", make_console())  # on the captured stderr
+    assert jobs.launch([app], secret_stack) == 0
+    printed = capsys.readouterr().err
+    assert "spark-submit" in printed
+    assert "s3cr3t" not in printed
+    assert not Path(_pairs(seen[0], "--properties-file")[0]).exists()
