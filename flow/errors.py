@@ -9,12 +9,14 @@ from __future__ import annotations
 __all__ = [
     "ArtifactResolutionError",
     "ChannelNotFoundError",
+    "CommitCorruptError",
     "ConfigError",
     "DependencyMissingError",
     "EngineNotFoundError",
     "FlowError",
     "HandoffError",
     "JavaNotFoundError",
+    "MissingCommitError",
     "PortInUseError",
     "SchemaMismatchError",
     "ServiceError",
@@ -90,3 +92,29 @@ class SchemaMismatchError(HandoffError):
 
 class ShardCorruptError(HandoffError):
     """A committed shard is missing, truncated or does not match its checksum."""
+
+
+class CommitCorruptError(HandoffError):
+    """A commit record contradicts itself (its row total is not the sum of its shards)."""
+
+
+class MissingCommitError(HandoffError):
+    """A commit its writer's sequence says exists is not in the channel: reading on would train
+    on less than was committed. The message names the channel, the writer and the commit."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        channel: str,
+        writer: str,
+        seqs: tuple[int, ...],
+        batch_ids: tuple[int, ...],
+    ) -> None:
+        super().__init__(message)
+        self.channel = channel
+        self.writer = writer
+        self.seqs = seqs
+        """Places in the writer's sequence that are missing."""
+        self.batch_ids = batch_ids
+        """Their batch ids, where known."""

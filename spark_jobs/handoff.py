@@ -91,6 +91,15 @@ def _array_lengths(df: DataFrame) -> dict[str, int]:
     }
 
 
+def _fixed_sizes(df: DataFrame, channel: Channel) -> dict[str, int]:
+    """The channel's fixed-size lists once it exists (a micro-batch without rows has no array
+    lengths to look at, and must still be written as a commit); else what ``df`` holds."""
+    if channel.exists():
+        schema = channel.meta().schema
+        return {f.name: f.type.list_size for f in schema if pa.types.is_fixed_size_list(f.type)}
+    return _array_lengths(df)
+
+
 def arrow_schema(df: DataFrame, fixed_sizes: Mapping[str, int]) -> pa.Schema:
     """The channel schema of ``df``: Arrow types, fixed-length arrays as fixed-size lists."""
     fields = []
@@ -243,7 +252,8 @@ def export(
     stats: Mapping[str, float] | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> Commit | None:
-    """Write ``df`` as batch ``batch_id`` of ``channel``; None if that batch is already committed.
+    """Write ``df`` as batch ``batch_id`` of ``channel``: the commit, numbered in ``writer``'s
+    sequence (a ``df`` without rows is a commit too); None if that batch is already committed.
 
     ``writer`` names the producer; a channel another writer committed to is refused, since its
     batch ids would be mistaken for replays.
@@ -260,7 +270,9 @@ def export(
                 )
         if channel.committed(batch_id):
             return None
-    sizes = dict(options.fixed_sizes) if options.fixed_sizes is not None else _array_lengths(df)
+    sizes = (
+        dict(options.fixed_sizes) if options.fixed_sizes is not None else _fixed_sizes(df, channel)
+    )
     schema = arrow_schema(df, sizes)
     meta = channel.create(
         schema,
@@ -313,5 +325,6 @@ def export(
     )
     if schema_fingerprint(schema) != meta.fingerprint:
         raise HandoffError(f"channel {channel.name!r} changed schema while writing")
-    channel.add_commit(commit)
-    return commit
+    # Numbered in the writer's sequence, even without rows: a micro-batch that made no training
+    # rows is still a commit, so a reader can tell that nothing is missing after it.
+    return channel.add_commit(commit)

@@ -89,8 +89,10 @@ class Writer:
         buckets: int = 4,
         compression: str | None = "lz4",
         level: int | None = None,
+        writer: str = "",
     ):
         self.channel = Channel(str(root), name)
+        self.writer = writer
         self.channel.create(
             NUMBERED, num_buckets=buckets, compression=compression, compression_level=level
         )
@@ -110,8 +112,11 @@ class Writer:
                 schema=NUMBERED,
             )
             shards.append(self.channel.write_bucket(self.batch, k % self.buckets, table, f"t{k}"))
+        meta = self.channel.meta()
         self.channel.add_commit(
-            Commit(self.channel.name, self.batch, tuple(shards), self.channel.meta().fingerprint)
+            Commit(
+                self.channel.name, self.batch, tuple(shards), meta.fingerprint, writer=self.writer
+            )
         )
         self.batch += 1
         return ids

@@ -10,11 +10,13 @@ commits. Storage is anything ``pyarrow.fs`` opens (local disk, S3, HDFS, GCS).
 """
 
 from flow.handoff.channel import Channel, ConsumerPosition, list_channels
-from flow.handoff.format import ChannelMeta, Commit, ShardInfo
+from flow.handoff.format import ChannelMeta, Commit, ShardInfo, WriterHead
 from flow.handoff.mix import MixedReader
 from flow.handoff.plan import World
 from flow.handoff.reader import ChannelReader, ReadOptions, ReadStats
+from flow.handoff.sequence import MissingCommit
 from flow.handoff.slices import WindowRows, WindowSlice
+from flow.handoff.verify import Problem, VerifyReport
 
 __all__ = [
     "Channel",
@@ -22,12 +24,16 @@ __all__ = [
     "ChannelReader",
     "Commit",
     "ConsumerPosition",
+    "MissingCommit",
     "MixedReader",
+    "Problem",
     "ReadOptions",
     "ReadStats",
     "ShardInfo",
+    "VerifyReport",
     "WindowRows",
     "WindowSlice",
     "World",
+    "WriterHead",
     "list_channels",
 ]

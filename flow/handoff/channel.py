@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,13 +20,18 @@ from flow.handoff.format import (
     CLOSED_FILE,
     COMMITS,
     CONSUMERS,
+    FORMAT_VERSION,
     SHARDS,
+    WRITERS,
     ChannelMeta,
     Commit,
     ShardInfo,
+    WriterHead,
     commit_name,
+    head_name,
 )
 from flow.handoff.shards import codec, fixed_size_lists, write_shard
+from flow.handoff.verify import VerifyReport, verify_channel
 from flow.storage import Location, location
 
 __all__ = ["Channel", "ConsumerPosition", "list_channels"]
@@ -116,6 +121,30 @@ class Channel:
         """Whether retention deleted this commit's shards (every consumer had read them)."""
         return self.folder.child(COMMITS).exists(f"{batch_id:020d}{_RETIRED}")
 
+    def retired_ids(self) -> set[int]:
+        return {int(n.removesuffix(_RETIRED)) for n in self.folder.child(COMMITS).list(_RETIRED)}
+
+    def heads(self) -> dict[str, WriterHead]:
+        """Each writer's latest commit, by writer (none for channels of format 1).
+
+        Read heads before listing commits: a head is written after its commit's record, so one
+        read first never names a commit still in progress."""
+        folder = self.folder.child(WRITERS)
+        heads = [WriterHead.from_json(folder.read_bytes(n).decode()) for n in folder.list(".json")]
+        return {h.writer: h for h in heads}
+
+    def head(self, writer: str) -> WriterHead | None:
+        folder = self.folder.child(WRITERS)
+        name = head_name(writer)
+        return (
+            WriterHead.from_json(folder.read_bytes(name).decode()) if folder.exists(name) else None
+        )
+
+    def verify(self, *, in_flight_grace: float = 3600.0) -> VerifyReport:
+        """Check the channel against what its commits say it holds (see
+        :mod:`flow.handoff.verify`): damaged shards, missing commits, orphan shards, row counts."""
+        return verify_channel(self, in_flight_grace=in_flight_grace)
+
     def closed(self) -> bool:
         return self.folder.exists(CLOSED_FILE)
 
@@ -191,13 +220,19 @@ class Channel:
     def committed(self, batch_id: int) -> bool:
         return self.folder.child(COMMITS).exists(commit_name(batch_id))
 
-    def add_commit(self, commit: Commit) -> bool:
-        """Make the commit's shards visible; False (and nothing changed) if already committed.
+    def add_commit(self, commit: Commit) -> Commit | None:
+        """Make the commit's shards visible: the commit as written, numbered in its writer's
+        sequence; None (and nothing changed) if the batch id is already committed.
 
         Every shard must exist with its recorded size: a commit never names a missing file.
+        The commit gets the next ``seq`` of its writer after the writer's head (and after any
+        commit of the writer found past the head: a writer stopped between record and head),
+        so a commit lost at the end of the sequence is not numbered over. Files of the batch's
+        folder the commit does not name (failed or speculative task attempts) are deleted:
+        afterwards a shard no commit names is a problem ``verify`` reports.
         """
         if self.committed(commit.batch_id):
-            return False
+            return None
         for shard in commit.shards:
             info = self.folder.fs.get_file_info(f"{self.folder.path}/{shard.path}")
             if info.type != pafs.FileType.File or info.size != shard.bytes:
@@ -205,10 +240,57 @@ class Channel:
                     f"cannot commit batch {commit.batch_id}: shard {shard.path} is missing or "
                     "has the wrong size"
                 )
-        self.folder.child(COMMITS).write_bytes(
-            commit_name(commit.batch_id), commit.to_json().encode()
+        last = self._last_numbered(commit.writer)
+        if last is not None and commit.batch_id <= last[1]:
+            raise HandoffError(
+                f"cannot commit batch {commit.batch_id} of writer {commit.writer!r} to channel "
+                f"{self.name!r}: the writer's last commit is batch {last[1]} (seq {last[0]}), so "
+                f"batch {commit.batch_id} comes too late, and its record is not there; run "
+                "`flow handoff verify` on the channel"
+            )
+        seq = 0 if last is None else last[0] + 1
+        numbered = replace(
+            commit,
+            seq=seq,
+            previous=None if last is None else last[1],
+            total_rows=commit.rows,
+            format=FORMAT_VERSION,
         )
-        return True
+        self.folder.child(COMMITS).write_bytes(
+            commit_name(commit.batch_id), numbered.to_json().encode()
+        )
+        head = WriterHead(commit.writer, seq, commit.batch_id)
+        self.folder.child(WRITERS).write_bytes(head_name(commit.writer), head.to_json().encode())
+        self._sweep(numbered)
+        return numbered
+
+    def _last_numbered(self, writer: str) -> tuple[int, int] | None:
+        """(seq, batch id) of ``writer``'s latest numbered commit; None if it has none."""
+        head = self.head(writer)
+        ids = self.commit_ids()
+        if head is None:
+            # No head: the writer's first commit, or the head was never written. The latest
+            # commit of the writer decides (seqs grow with batch ids); one of format 1 ends it.
+            for batch_id in reversed(ids):
+                found = self.commit(batch_id)
+                if found.writer == writer:
+                    return (found.seq, batch_id) if found.seq is not None else None
+            return None
+        last = (head.seq, head.batch_id)
+        for batch_id in ids:
+            if batch_id > head.batch_id:
+                found = self.commit(batch_id)
+                if found.writer == writer and found.seq is not None and found.seq > last[0]:
+                    last = (found.seq, batch_id)
+        return last
+
+    def _sweep(self, commit: Commit) -> None:
+        folder = self.folder.child(SHARDS, f"{commit.batch_id:020d}")
+        named = {s.path.rsplit("/", 1)[-1] for s in commit.shards}
+        for name in folder.list():
+            if name not in named:
+                with contextlib.suppress(FileNotFoundError):
+                    self.folder.fs.delete_file(f"{folder.path}/{name}")
 
     def close(self) -> None:
         """Tell followers the producer has finished; they end after the last commit."""

@@ -3,11 +3,18 @@
     <location>/<channel>/_channel.json                         schema, buckets, layout
     <location>/<channel>/shards/<batch:020d>/<bucket>-<task>-<id>.arrow
     <location>/<channel>/commits/<batch:020d>.json             the shards of one batch
+    <location>/<channel>/writers/<hash of writer>.json         a writer's latest commit
     <location>/<channel>/consumers/<group>/rank-<r>-of-<w>.json what a consumer has read
     <location>/<channel>/_closed                               the producer has finished
 
 A shard exists for readers only once a commit names it. Commits are written by the driver after
 every shard of the batch exists; writing a commit for a batch id already committed is a no-op.
+
+Format 2 numbers commits: each records its writer, its place in that writer's sequence (``seq``
+0, 1, 2, ... with no holes) and the batch id of the one before (``previous``), and each writer's
+head records its latest commit, written after the commit itself. A missing commit is then
+visible from the ones that exist (see :mod:`flow.handoff.sequence`). Format 1 commits carry no
+numbers: they are read as before, and cannot be checked for gaps.
 """
 
 from __future__ import annotations
@@ -26,20 +33,29 @@ __all__ = [
     "ChannelMeta",
     "Commit",
     "ShardInfo",
+    "WriterHead",
     "commit_name",
+    "head_name",
     "schema_fingerprint",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: commits are numbered per writer (``seq``, ``previous``, ``total_rows``; writers' heads)."""
 CHANNEL_FILE = "_channel.json"
 CLOSED_FILE = "_closed"
 COMMITS = "commits"
 SHARDS = "shards"
 CONSUMERS = "consumers"
+WRITERS = "writers"
 
 
 def commit_name(batch_id: int) -> str:
     return f"{batch_id:020d}.json"
+
+
+def head_name(writer: str) -> str:
+    """The file of a writer's head: writer ids hold characters (``:``, ``/``) a path should not."""
+    return f"{hashlib.sha256(writer.encode()).hexdigest()[:16]}.json"
 
 
 def schema_fingerprint(schema: pa.Schema) -> str:
@@ -83,11 +99,33 @@ class Commit:
     """Who committed: one writer per channel, so reset batch ids cannot pass for replays."""
     stats: dict[str, float] = field(default_factory=dict)
     """Small facts about the rows (e.g. positives) a report wants without reading them."""
+    seq: int | None = None
+    """Place in its writer's sequence of commits to this channel: 0, 1, 2, ... with no holes (a
+    batch with no rows is a commit too). Set by :meth:`Channel.add_commit`; None in format 1."""
+    previous: int | None = None
+    """Batch id of the writer's commit at ``seq - 1`` (None at seq 0): names what a gap lost."""
+    total_rows: int | None = None
+    """Rows of all shards, as counted when committed: a shard entry edited or dropped since
+    makes the shards disagree with it."""
     format: int = FORMAT_VERSION
 
     @property
     def rows(self) -> int:
         return sum(s.rows for s in self.shards)
+
+    @property
+    def numbered(self) -> bool:
+        """Whether the commit has a place in its writer's sequence (format 2)."""
+        return self.seq is not None
+
+    def disagreement(self) -> str | None:
+        """How the record contradicts itself (its total is not its shards' sum), or None."""
+        if self.total_rows is None or self.total_rows == self.rows:
+            return None
+        return (
+            f"commit {self.batch_id} records {self.total_rows:,} rows but its "
+            f"{len(self.shards)} shards hold {self.rows:,}: the record was edited or damaged"
+        )
 
     @property
     def bytes(self) -> int:
@@ -101,6 +139,26 @@ class Commit:
         data = json.loads(text)
         data["shards"] = tuple(ShardInfo(**s) for s in data["shards"])
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class WriterHead:
+    """A writer's latest commit to a channel, written after that commit's record.
+
+    It never runs ahead of the records by itself, so a head naming a commit that is not there
+    means the end of the writer's sequence was lost (which ``seq`` alone cannot show)."""
+
+    writer: str
+    seq: int
+    batch_id: int
+    updated_at: str = field(default_factory=_now)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> WriterHead:
+        return cls(**json.loads(text))
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,10 @@ class ReadOptions:
     """Keep reading new commits as they land; end when the channel is closed."""
     poll_interval: float = 0.05
     """Seconds between looks for new commits while following."""
+    missing_commit_wait: float = 60.0
+    """Following: seconds to wait for a commit its writer's sequence says exists but that is not
+    there yet (a store that lists late) before raising MissingCommitError. A finite epoch raises
+    at once, before its first batch."""
     verify: bool = True
     """Check every shard's checksum (XXH3, ~15 GB/s) before reading it."""
     consumer_group: str | None = None
@@ -45,6 +49,14 @@ class ReadOptions:
             raise ConfigError(
                 "a reader of some buckets cannot record consumption for retention (the rest "
                 "would count as unread, or as read); leave consumer_group unset with buckets"
+            )
+        if self.poll_interval <= 0:
+            raise ConfigError(
+                f"poll_interval={self.poll_interval}: give a positive number of seconds"
+            )
+        if self.missing_commit_wait < 0:
+            raise ConfigError(
+                f"missing_commit_wait={self.missing_commit_wait}: give 0 or more seconds"
             )
         if self.threads < 1:
             raise ConfigError(f"threads={self.threads}: give 1 or more decoding threads")

@@ -22,7 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from flow.errors import ConfigError
+from flow.errors import CommitCorruptError, ConfigError
 from flow.handoff.channel import Channel, ConsumerPosition
 from flow.handoff.format import Commit
 from flow.handoff.materialize import NO_REFS, Materializer
@@ -40,6 +40,7 @@ from flow.handoff.plan import (
     rank_totals,
     targets,
 )
+from flow.handoff.sequence import MissingCommit
 from flow.handoff.slices import WindowSlice
 
 __all__ = ["ChannelReader", "ReadOptions", "ReadStats"]
@@ -239,6 +240,15 @@ class _EpochWalk(Generic[T]):
     while this one's last windows are gathered), cut into windows and batches, and the batches a
     loaded cursor has already delivered are skipped. The reader's cursor (``_mark``) is moved at
     each commit and window; following, the walk waits for commits until the channel closes.
+
+    **A gap is an error.** A commit is read only once the commit before it in its writer's
+    sequence (``previous``) has been read, or lies at or before ``after_commit`` or the cursor,
+    or was retired. A finite epoch checks every commit it will read, and every writer's head
+    (a lost end of a sequence), before its first batch, and raises MissingCommitError at once.
+    A following walk reads the commits before the gap, then waits for the missing one up to
+    ``missing_commit_wait`` seconds (counted in the pauses it sleeps) and raises if it has not
+    come; at the channel's close it checks the heads the same way. It never reads past a gap:
+    every rank must read the same commits in the same order.
     """
 
     def __init__(
@@ -271,6 +281,12 @@ class _EpochWalk(Generic[T]):
         self.after = self.start.after
         self.resume_window: int | None = self.start.window
         self.ahead: dict[int, tuple[Commit, list[Span]]] = {}
+        self.loaded: dict[int, Commit] = {}
+        """Commits listed and checked, not read yet."""
+        self.last_read: dict[str, int] = {}
+        """Batch id of the latest commit of each writer this walk has read."""
+        self.floor = max(options.after_commit, self.start.after)
+        """Commits at or before this batch id are not this walk's to read."""
         self.materializer = Materializer(
             reader.channel,
             options,
@@ -293,25 +309,86 @@ class _EpochWalk(Generic[T]):
     def _commits(self) -> Iterator[T]:
         """Every commit of the epoch; following, as they land, until the channel closes."""
         reader, options = self.reader, self.reader.options
+        waited = 0.0
         while True:
-            ids = reader._next_commits(self.after)
+            ids, gap = self._ready(reader._next_commits(self.after))
+            if not options.follow:
+                # Before reading any of it: a finite epoch is all or nothing.
+                gap = gap or self._lost_head()
+                if gap is not None:
+                    raise gap.error()
             for position, batch_id in enumerate(ids):
                 upcoming = ids[position + 1] if position + 1 < len(ids) else None
                 yield from self._commit(batch_id, upcoming)
             if ids:
-                continue
-            if not options.follow:
-                return
-            if reader.channel.closed() and not reader._next_commits(self.after):
-                yield from self._windows(self.planner.finish(self.before))
-                return
+                waited = 0.0
+            if gap is None:
+                if ids:
+                    continue
+                if not options.follow:
+                    return
+                if reader.channel.closed() and not reader._next_commits(self.after):
+                    gap = self._lost_head()
+                    if gap is None:
+                        yield from self._windows(self.planner.finish(self.before))
+                        return
+            if gap is not None:
+                if waited >= options.missing_commit_wait:
+                    raise gap.error(f" (waited {waited:.1f}s for it)")
+                waited += options.poll_interval
             reader.sleep(options.poll_interval)
+
+    def _ready(self, ids: list[int]) -> tuple[list[int], MissingCommit | None]:
+        """``ids`` up to the first commit whose predecessor in its writer's sequence is neither
+        read, nor listed before it, nor out of this walk's range, nor retired; and that gap."""
+        channel = self.reader.channel
+        latest = dict(self.last_read)  # as it will be when each commit's turn comes
+        for position, batch_id in enumerate(ids):
+            commit = self.loaded.get(batch_id)
+            if commit is None:
+                commit = self.loaded[batch_id] = channel.commit(batch_id)
+                disagreement = commit.disagreement()
+                if disagreement is not None:
+                    raise CommitCorruptError(f"channel {channel.name!r}: {disagreement}")
+            previous = commit.previous
+            if (
+                commit.seq
+                and previous is not None
+                and previous > self.floor
+                and latest.get(commit.writer) != previous
+                and not channel.retired(previous)
+            ):
+                gap = MissingCommit(
+                    channel.name,
+                    commit.writer,
+                    commit.seq - 1,
+                    commit.seq - 1,
+                    (previous,),
+                    before=batch_id,
+                )
+                return ids[:position], gap
+            latest[commit.writer] = batch_id
+        return ids, None
+
+    def _lost_head(self) -> MissingCommit | None:
+        """A writer's latest commit, per its head, that is not there (nor read, nor retired)."""
+        channel = self.reader.channel
+        for head in channel.heads().values():  # heads first: they name finished commits only
+            batch_id = head.batch_id
+            if (
+                batch_id > self.floor
+                and self.last_read.get(head.writer, -1) < batch_id
+                and not channel.committed(batch_id)
+                and not channel.retired(batch_id)
+            ):
+                return MissingCommit(channel.name, head.writer, head.seq, head.seq, (batch_id,))
+        return None
 
     def _commit(self, batch_id: int, upcoming: int | None) -> Iterator[T]:
         """One commit's batches; the cursor moves to its start first, past it after."""
         reader, materializer = self.reader, self.materializer
         planned = self.ahead.pop(batch_id, None)
-        commit = planned[0] if planned else reader.channel.commit(batch_id)
+        commit = planned[0] if planned else self._take(batch_id)
         counters = self.planner.counters()
         reader._mark = _Mark(
             self.after, list(self.before), counters, counters[0], materializer.carry_refs
@@ -322,13 +399,18 @@ class _EpochWalk(Generic[T]):
         if upcoming is not None:
             # Without this, the next commit's first shards were decoded only once its first
             # window asked for them: at every commit the gather waited.
-            following = reader.channel.commit(upcoming)
+            following = self._take(upcoming)
             self.ahead[upcoming] = (following, self._spans(following))
         yield from self._windows(self.planner.add(spans))
         self.after = batch_id
+        self.last_read[commit.writer] = batch_id
         carried = materializer.carry_refs
         oldest = int(carried[:, 0].min()) if len(carried) else None
         reader._record(self.after if oldest is None else min(self.after, oldest - 1))
+
+    def _take(self, batch_id: int) -> Commit:
+        loaded = self.loaded.pop(batch_id, None)
+        return loaded if loaded is not None else self.reader.channel.commit(batch_id)
 
     def _spans(self, commit: Commit) -> list[Span]:
         """This rank's spans of ``commit`` (after the rows ``before`` it), told to the

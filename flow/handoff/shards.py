@@ -109,9 +109,11 @@ def read_shard(
     verify: bool = True,
     commit: int = -1,
     map_file: bool = False,
+    check_rows: bool = True,
 ) -> pa.Table:
     """The shard's rows. A missing, truncated or corrupted file raises ShardCorruptError naming
-    its path.
+    its path, and so does one with another row count than its commit records (``check_rows``:
+    a commit record edited after the fact would otherwise have rows read twice or not at all).
 
     ``map_file`` memory-maps a file on local disk instead of reading it: worth it only for
     uncompressed shards, whose buffers are then used in place. Compressed shards are read, since
@@ -139,8 +141,14 @@ def read_shard(
             f"shard {where} (batch {commit}) does not match its checksum: the file is corrupt"
         )
     try:
-        return pa.ipc.open_file(pa.BufferReader(buffer), options=_IPC_READ).read_all()
+        table = pa.ipc.open_file(pa.BufferReader(buffer), options=_IPC_READ).read_all()
     except pa.ArrowInvalid as exc:
         raise ShardCorruptError(
             f"shard {where} (batch {commit}) is not a valid Arrow file: {exc}"
         ) from exc
+    if check_rows and table.num_rows != info.rows:
+        raise ShardCorruptError(
+            f"shard {where} (batch {commit}) holds {table.num_rows:,} rows, its commit records "
+            f"{info.rows:,}: the commit record was edited or damaged"
+        )
+    return table

@@ -249,7 +249,7 @@ def test_retention_deletes_what_every_consumer_read_and_backpressure_waits(tmp_p
     channel = Channel(str(tmp_path), "live")
     channel.create(NUMBERED, num_buckets=1, max_unconsumed_bytes=1)
     w = Writer.__new__(Writer)
-    w.channel, w.buckets, w.next_id, w.batch = channel, 1, 0, 0
+    w.channel, w.buckets, w.next_id, w.batch, w.writer = channel, 1, 0, 0, ""
     w.commit([100])
     w.commit([100])
     options = ReadOptions(batch_size=10, follow=True, consumer_group="trainer", record_every=0)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from flow.config import StackConfig
 from flow.errors import HandoffError, SchemaMismatchError
-from flow.handoff import Channel, ChannelReader, ReadOptions, World
+from flow.handoff import Channel, ChannelReader, Commit, ReadOptions, World
 from flow.stack.kafka import ensure_topics, producer
 from spark_jobs.handoff import ExportOptions, export
 from spark_jobs.sources import read_kafka
@@ -87,10 +87,42 @@ def test_replays_orphans_second_writers_and_schema_changes(
     orphan.write_bytes(next((tmp_path / "train" / "shards").rglob("*.arrow")).read_bytes())
     assert sorted(i for r in ids_per_rank(tmp_path, "train", 1) for i in r) == list(range(1000))
 
+    # ... and `flow handoff verify` names it (one that lands after its batch's commit).
+    assert [(p.kind, p.path) for p in channel.verify().problems] == [
+        ("orphan", f"shards/{0:020d}/{orphan.name}")
+    ]
+
     with pytest.raises(HandoffError, match="was written by w, not other"):
         export(rows(spark, 1000, 10), channel, 1, options=options, writer="other")
     with pytest.raises(SchemaMismatchError, match="missing dense"):
         export(rows(spark, 1000, 10).drop("dense"), channel, 1, options=options, writer="w")
+
+
+def test_every_batch_is_a_numbered_commit_even_one_without_rows(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A micro-batch that made no training rows still commits: the next one's ``previous``
+    names it, so a reader can tell nothing was lost in between."""
+    channel = Channel(str(tmp_path), "live")
+    options = ExportOptions(num_buckets=4, tasks=2)  # fixed sizes found from the first rows
+
+    def write(frame: DataFrame, batch_id: int) -> Commit | None:
+        return export(frame, channel, batch_id, options=options, writer="stream:1")
+
+    commits = [
+        write(rows(spark, 0, 300), 0),
+        write(rows(spark, 0, 300).where("false"), 1),  # no rows, no array lengths to look at
+        write(rows(spark, 300, 200), 2),
+    ]
+    assert [(c.seq, c.previous, c.rows) for c in commits if c is not None] == [
+        (0, None, 300),
+        (1, 0, 0),
+        (2, 1, 200),
+    ]
+    assert write(rows(spark, 0, 300).where("false"), 1) is None  # a replay writes nothing
+    report = channel.verify()
+    assert report.ok, report.problems
+    assert sorted(i for r in ids_per_rank(tmp_path, "live", 2) for i in r) == list(range(500))
 
 
 def test_a_streaming_query_writes_while_a_reader_follows(

@@ -79,3 +79,16 @@ def test_retire_frees_what_every_group_read_and_drop_needs_yes(location: Path) -
     assert "--yes" in output
     assert flow("drop", str(location), "live", "--yes")[0] == 0
     assert not (location / "live").exists()
+
+
+def test_verify_names_a_missing_commit_and_exits_1(location: Path) -> None:
+    (location / "live" / "commits" / f"{0:020d}.json").unlink()
+    code, output = flow("verify", str(location), "live")
+    assert code == 1
+    lines = output.strip().splitlines()
+    assert lines[0].startswith("missing: writer '(unnamed)': commit seq 0 (batch 0) missing")
+    assert lines[1].startswith("orphan: orphan shard shards/00000000000000000000/")
+    assert lines[-1] == (
+        "2 shards checked in 1 commits: 0 damaged, 1 missing commits, 2 orphan shards, "
+        "0 row count mismatches"
+    )
