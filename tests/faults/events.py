@@ -50,6 +50,8 @@ class Producer:
         self.base = base
         self.expected = Expected()
         self.next_id = 1
+        self.latest = base
+        """The latest event time sent so far."""
 
     def at(self, minutes: float) -> datetime:
         return self.base + timedelta(minutes=minutes)
@@ -67,44 +69,49 @@ class Producer:
     def flush(self) -> None:
         assert self.out.flush(30) == 0
 
-    def impressions(self, count: int, start: float, *, clicks: bool, every: float = 0.25) -> None:
-        """``count`` valid impressions from ``start`` minutes on; with ``clicks``, every third
-        is clicked 2 minutes later (a positive) and every fifth other one 15 minutes later,
-        after its 10-minute window (a negative)."""
+    def impressions(
+        self, count: int, *, clicks: bool, every: float = 0.25, repeat: Iterable[int] = ()
+    ) -> None:
+        """``count`` valid impressions, ``every`` minutes apart from a minute after the latest
+        event sent so far; with ``clicks``, every third is clicked 2 minutes later (a positive)
+        and every fifth other one 15 minutes later, after its 10-minute window (a negative).
+        The ``repeat``-th ones (1-based) are sent twice: duplicates within the watermark.
+
+        Records go out in event-time order, as a live producer sends them: a click is not sent
+        before the events that happened before it, whose watermark it would otherwise pass."""
+        start = self.latest + timedelta(minutes=1)
+        twice = set(repeat)
+        timeline: list[tuple[datetime, int, str, dict[str, Any]]] = []
         for k in range(count):
             n = self.next_id
             self.next_id += 1
             ident = f"v{n:04d}"
-            ts = self.at(start + k * every)
-            self._json(
-                "impressions",
-                {"id": ident, "user_id": n % 7, "ts": ts, "position": 1 + n % 9, "device": "ios"},
-            )
+            ts = start + timedelta(minutes=k * every)
+            record = {"id": ident, "user_id": n % 7, "ts": ts, "position": 1 + n % 9}
+            record["device"] = "ios"
+            timeline.append((ts, len(timeline), "impressions", record))
+            if k + 1 in twice:
+                timeline.append((ts, len(timeline), "impressions", dict(record)))
+                self.expected.duplicates += 1
             label = 0.0
             if clicks and n % 3 == 0:
-                self._json("clicks", {"id": ident, "ts": ts + timedelta(minutes=2)})
+                when = ts + timedelta(minutes=2)
+                timeline.append((when, len(timeline), "clicks", {"id": ident, "ts": when}))
                 label = 1.0
             elif clicks and n % 5 == 0:
-                self._json("clicks", {"id": ident, "ts": ts + timedelta(minutes=15)})
+                when = ts + timedelta(minutes=15)
+                timeline.append((when, len(timeline), "clicks", {"id": ident, "ts": when}))
             self.expected.labels[ident] = label
+        for ts, _, topic, record in sorted(timeline, key=lambda t: (t[0], t[1])):
+            self._json(topic, record)
+            self.latest = max(self.latest, ts)
         self.flush()
 
-    def duplicates(self, idents: Iterable[str], start: float) -> None:
-        """The impressions ``idents`` (sent already, at ``start`` + their position) once more."""
-        for ident in idents:
-            n = int(ident[1:])
-            ts = self.at(start + (n - 1) * 0.25)
-            self._json(
-                "impressions",
-                {"id": ident, "user_id": n % 7, "ts": ts, "position": 1 + n % 9, "device": "ios"},
-            )
-            self.expected.duplicates += 1
-        self.flush()
-
-    def late(self, markers: Iterable[str], minutes: float) -> None:
-        """Valid impressions at ``minutes``: far behind the watermark by the time they arrive."""
+    def late(self, markers: Iterable[str], behind: float = 20) -> None:
+        """Valid impressions ``behind`` minutes before the latest event sent: far behind the
+        watermark by the time they arrive."""
         for marker in markers:
-            ts = self.at(minutes)
+            ts = self.latest - timedelta(minutes=behind)
             record = {"id": marker, "user_id": 1, "ts": ts, "position": 1, "device": "web"}
             self._json("impressions", record)
             self.expected.reasons[marker] = "late: event time"
