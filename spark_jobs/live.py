@@ -34,6 +34,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -189,7 +190,11 @@ def _await(
             if failed is not None:
                 _poll(query, watch, on_batch)  # the batches it finished before failing
                 raise failed
-            query.awaitTermination(2)
+            try:
+                query.awaitTermination(2)
+            except StreamingQueryException as error:  # it failed while we waited
+                _poll(query, watch, on_batch)
+                raise StreamFailedError.of(query.name or "stream", str(error)) from None
             _poll(query, watch, on_batch)
             if deadline is not None and time.monotonic() > deadline:
                 progress(f"duration of {options.duration_s:.0f}s reached; stopping the query")

@@ -71,7 +71,7 @@ class Producer:
 
     def impressions(
         self, count: int, *, clicks: bool, every: float = 0.25, repeat: Iterable[int] = ()
-    ) -> None:
+    ) -> datetime:
         """``count`` valid impressions, ``every`` minutes apart from a minute after the latest
         event sent so far; with ``clicks``, every third is clicked 2 minutes later (a positive)
         and every fifth other one 15 minutes later, after its 10-minute window (a negative).
@@ -106,13 +106,16 @@ class Producer:
             self._json(topic, record)
             self.latest = max(self.latest, ts)
         self.flush()
+        return start
 
-    def late(self, markers: Iterable[str], behind: float = 20) -> None:
-        """Valid impressions ``behind`` minutes before the latest event sent: far behind the
-        watermark by the time they arrive."""
+    def late(self, markers: Iterable[str], at: datetime) -> None:
+        """Valid impressions at ``at``: behind the watermark by the time they arrive.
+
+        Spark's operators (and so the stage) call a record late when its event time is at or
+        before the watermark of the micro-batch *before* the one reading it: send these only
+        once a batch has closed windows later than ``at``."""
         for marker in markers:
-            ts = self.latest - timedelta(minutes=behind)
-            record = {"id": marker, "user_id": 1, "ts": ts, "position": 1, "device": "web"}
+            record = {"id": marker, "user_id": 1, "ts": at, "position": 1, "device": "web"}
             self._json("impressions", record)
             self.expected.reasons[marker] = "late: event time"
         self.flush()

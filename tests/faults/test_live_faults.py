@@ -233,13 +233,13 @@ def killed_run(
         kills += 1
 
         # Round 2: more traffic, the other broken kinds; then records behind the watermark.
-        events.impressions(40, clicks=True)
+        second = events.impressions(40, clicks=True)
         events.broken([k for k in BROKEN if k > "bad-imp-11"])
         stage.start()
         wait_for(labelled(lambda i, label: label == 1.0), "every positive so far")
-        events.late(["late1", "late2"])
         events.impressions(40, clicks=False)
-        wait_for(labelled(lambda i, label: number(i) <= 60), "negatives whose windows closed")
+        wait_for(labelled(lambda i, label: number(i) <= 80), "negatives whose windows closed")
+        events.late(["late1", "late2"], at=second)  # windows after `second` are closed by now
         time.sleep(pick.uniform(0, 6))
         stage.kill()
         kills += 1
@@ -247,7 +247,7 @@ def killed_run(
         # Round 3: impressions only, after a restart: their event times alone move the watermark.
         events.impressions(20, clicks=False, every=1.0)
         stage.start()
-        wait_for(labelled(lambda i, label: number(i) <= 100), "negatives after the restart")
+        wait_for(labelled(lambda i, label: number(i) <= 120), "negatives after the restart")
         time.sleep(pick.uniform(0, 6))
         stage.kill()
         kills += 1
@@ -418,3 +418,32 @@ def _reconnected(events: Producer, stack: StackConfig) -> Producer:
     fresh = Producer(stack.kafka, events.namespace, events.base)
     fresh.expected, fresh.next_id, fresh.latest = events.expected, events.next_id, events.latest
     return fresh
+
+
+def test_flow_run_stops_its_trainer_when_the_spark_side_fails(
+    stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A job that fails at once (its pipeline names a column no source has): `flow run --train`
+    must not wait for a trainer that follows channels nobody will ever write."""
+    app = tmp_path / "broken_pipeline.py"
+    app.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO / 'tests' / 'faults')!r})\n"
+        "from dataclasses import replace\n"
+        "from flow.pipeline import FeatureSpec, Hashed, run_main\n"
+        "from live_pipeline import faults_pipeline\n"
+        "p = faults_pipeline('fzbroken')\n"
+        "stage = p.stage('live')\n"
+        "bad = (Hashed('no_such_column', buckets=8),)\n"
+        "spec = FeatureSpec('faults', bad, passthrough=('id',))\n"
+        "run_main(replace(p, stages=(replace(stage, features=spec),)))\n"
+    )
+    started = time.monotonic()
+    done = run_flow(["run", "--train", "--channel live --max-steps 5", str(app)], stack_env,
+                    timeout=400)  # fmt: skip
+    took = time.monotonic() - started
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said[-3000:]
+    assert "stopping the trainer" in said, said[-3000:]
+    assert "no_such_column" in said
+    assert took < 300, f"flow run took {took:.0f}s: it waited for its trainer"

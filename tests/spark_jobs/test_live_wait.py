@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.query import StreamingQuery
 
 from flow.pipeline.run import RunOptions
@@ -19,8 +20,14 @@ class StandIn:
     """What the wait loop uses of a StreamingQuery, with progress given up front."""
 
     def __init__(
-        self, progress: list[dict[str, Any]], *, active: bool = True, error: str | None = None
+        self,
+        progress: list[dict[str, Any]],
+        *,
+        active: bool = True,
+        error: str | None = None,
+        fails_while_waited: str | None = None,
     ) -> None:
+        self.fails_while_waited = fails_while_waited
         self.isActive = active
         self.name = "p.live"
         self.recentProgress = [SimpleNamespace(json=json.dumps(p)) for p in progress]
@@ -31,7 +38,9 @@ class StandIn:
         return self.error
 
     def awaitTermination(self, timeout: float) -> None:  # noqa: N802 (StreamingQuery's name)
-        pass
+        if self.fails_while_waited:  # as pyspark does for a query that ends with an error
+            self.isActive, self.error = False, self.fails_while_waited
+            raise StreamingQueryException(message=self.fails_while_waited)
 
     def stop(self) -> None:
         self.isActive, self.stopped = False, True
@@ -93,6 +102,14 @@ def test_a_failed_query_is_raised_in_one_line_and_stopped() -> None:
     assert "\n" not in str(failed.value)
     assert failed.value.transient
     assert query.stopped
+
+
+def test_a_query_that_fails_while_waited_on_is_raised_as_a_stream_failure() -> None:
+    error = "[STREAM_FAILED] Query terminated with exception: org.apache.kafka.Unknown: gone"
+    query = StandIn([batch(0, 1, 0)], fails_while_waited=error)
+    with pytest.raises(StreamFailedError, match=r"org\.apache\.kafka\.Unknown: gone") as failed:
+        wait(query)
+    assert failed.value.transient
 
 
 def test_an_error_of_the_pipeline_itself_is_not_transient() -> None:

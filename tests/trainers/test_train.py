@@ -131,6 +131,7 @@ def test_channels_read_in_order_open_when_reached_even_if_created_later(
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 def test_a_trainer_killed_mid_run_continues_from_its_checkpoint_exactly(tmp_path: Path) -> None:
     write(tmp_path, "train", [40_000, 40_000], buckets=4)
     whole = tmp_path / "whole"
