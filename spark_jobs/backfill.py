@@ -71,7 +71,15 @@ class BackfillRun(StageRun[BackfillStage]):
         self.dead: list[DataFrame] = []
         self.cached: list[DataFrame] = []
 
+    @property
+    def fits(self) -> bool:
+        """Whether this run fits the feature state (rather than loading a saved one)."""
+        # A named feature state wins over fitting: an incremental retrain keeps the champion's
+        # layout (a refit could change vocabulary sizes, and with them the model's tables).
+        return self.stage.fit and self.state_version is None
+
     def run(self) -> tuple[StageReport, FeatureState]:
+        self.check_outputs(fits=self.fits)
         rows = self.read_events()
         if self.stage.label is not None:
             rows = self.label(rows, self.stage.label)
@@ -147,9 +155,9 @@ class BackfillRun(StageRun[BackfillStage]):
         return usable
 
     def fit_or_load(self, usable: DataFrame) -> FeatureState:
-        # A named feature state wins over fitting: an incremental retrain keeps the champion's
-        # layout (a refit could change vocabulary sizes, and with them the model's tables).
-        if not self.stage.fit or self.state_version is not None:
+        """The state fitted on ``usable`` and saved, or the one named or LATEST when this run
+        does not fit."""
+        if not self.fits:
             return self.load_state(self.state_version)
         lineage = {"pipeline": self.pipeline.name, "stage": self.stage.name, **self.report.lineage}
         state = fit_state(usable, self.stage.features, lineage)

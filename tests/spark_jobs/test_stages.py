@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -304,6 +305,22 @@ def test_a_full_backfill_of_new_snapshots_is_refused_and_tables_remain_an_option
         == report.training_rows
         == 5
     )
+
+
+def test_an_unwritable_handoff_stops_a_backfill_before_it_reads_or_fits(
+    spark: SparkSession, world: Lake, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a folder under a file cannot be made, even by root
+    pipeline = world.pipeline()
+    with pytest.raises(ConfigError, match=rf"^FLOW_HANDOFF: cannot write to {blocker}/"):
+        run_backfill(
+            spark,
+            pipeline,
+            pipeline.stage("backfill", BackfillStage),
+            replace(world.stack, handoff=str(blocker)),
+        )
+    assert not states_location(world.stack, world.ns).exists(), "nothing was fitted"
 
 
 def test_features_and_parsing_run_no_python_per_row(spark: SparkSession, world: Lake) -> None:

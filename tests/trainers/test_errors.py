@@ -1,5 +1,5 @@
 """``python -m trainers train`` reports a mistake in one line (exit 1), its traceback with
---debug."""
+--debug; a checkpoint folder it cannot write is found before anything is read or built."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from flow.errors import ConfigError
+from flow.training import TrainConfig
 from tests.support import REPO, clean_environ, stack_env_for
+from trainers.train import train
 
 
 def trainer(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -42,3 +47,17 @@ def test_a_missing_channel_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.startswith("error: handoff location ")
     assert len(done.stderr.splitlines()) == 1, done.stderr
 
+
+def test_an_unwritable_checkpoint_folder_is_refused_before_reading(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a folder under a file cannot be made, even by root
+    # No channel exists either: the checkpoint folder is checked first.
+    cfg = TrainConfig(
+        channels=("train",),
+        handoff=str(tmp_path / "no-handoff"),
+        device="cpu",
+        tracking=False,
+        checkpoint_dir=blocker / "ckpt",
+    )
+    with pytest.raises(ConfigError, match=rf"^--checkpoint-dir: cannot write to {blocker}/ckpt"):
+        train(cfg, say=lambda _: None)
