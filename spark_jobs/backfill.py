@@ -2,6 +2,11 @@
 
 The stage replaces its channel's training rows (a backfill recomputes the history it covers)
 and its own earlier dead letters, so running it twice gives the same tables, not twice the rows.
+
+A state it fits is saved under its version as soon as it is fitted (the channel's commit names
+that version), but becomes the spec's LATEST only once the stage's rows and dead letters are
+written: a stage that fails after fitting leaves LATEST on the last good state, which is what
+live stages and trainers then load.
 """
 
 from __future__ import annotations
@@ -92,6 +97,8 @@ class BackfillRun(StageRun[BackfillStage]):
         else:
             self.to_table(training)
         self.write_dead_letters()
+        if self.fits:
+            state.make_latest(self.states)
         for frame in self.cached:
             frame.unpersist()
         self.report.batches = 1
@@ -155,8 +162,8 @@ class BackfillRun(StageRun[BackfillStage]):
         return usable
 
     def fit_or_load(self, usable: DataFrame) -> FeatureState:
-        """The state fitted on ``usable`` and saved, or the one named or LATEST when this run
-        does not fit."""
+        """The state fitted on ``usable`` and saved by version (LATEST moves at the end of
+        :meth:`run`), or the one named or LATEST when this run does not fit."""
         if not self.fits:
             return self.load_state(self.state_version)
         lineage = {"pipeline": self.pipeline.name, "stage": self.stage.name, **self.report.lineage}
