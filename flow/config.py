@@ -163,6 +163,10 @@ class _Environment(BaseSettings):
     """Spark master when not launched by spark-submit (default local[*])"""
     spark_driver_memory: _Memory = "2g"
     """driver memory of local Spark sessions (default 2g)"""
+    # Read where errors are reported (flow.console), not here: it must work when the other
+    # settings are what is wrong. Declared so that it is a known variable.
+    debug: _Flag = False
+    """1 to show the traceback of an error, not only its one-line message (as --debug does)"""
 
     @classmethod
     def settings_customise_sources(

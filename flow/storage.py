@@ -7,6 +7,7 @@ half-written file (on object stores a single PUT is already atomic).
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,28 @@ class Location:
             out.write(data)
         self.fs.move(temporary, target)
         return target
+
+    def check_writable(self, setting: str) -> None:
+        """Raise a ConfigError naming ``setting`` unless files can be written here.
+
+        Creates the folder, writes a small probe file and deletes it (on an object store: a PUT
+        and a DELETE), so that a stage or a trainer finds an unwritable location before it
+        reads or fits anything, not after. The probe's name starts with "." (see :meth:`list`).
+        """
+        probe = f"{self.path}/.flow-probe-{uuid.uuid4().hex}"
+        try:
+            self.fs.create_dir(self.path, recursive=True)
+            with self.fs.open_output_stream(probe) as out:
+                out.write(b"probe")
+            self.fs.delete_file(probe)
+        except (OSError, pa.ArrowException) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            # A URI may carry credentials (s3://key:secret@bucket/...): not into a message.
+            shown = re.sub(r"://[^/@]*@", "://", self.uri)
+            raise ConfigError(
+                f"{setting}: cannot write to {shown} ({reason}); set {setting} to a location "
+                "this process can write, or fix its permissions"
+            ) from exc
 
     def read_bytes(self, name: str) -> bytes:
         with self.fs.open_input_stream(f"{self.path}/{name}") as src:

@@ -2,6 +2,11 @@
 
 The stage replaces its channel's training rows (a backfill recomputes the history it covers)
 and its own earlier dead letters, so running it twice gives the same tables, not twice the rows.
+
+A state it fits is saved under its version as soon as it is fitted (the channel's commit names
+that version), but becomes the spec's LATEST only once the stage's rows and dead letters are
+written: a stage that fails after fitting leaves LATEST on the last good state, which is what
+live stages and trainers then load.
 """
 
 from __future__ import annotations
@@ -71,7 +76,15 @@ class BackfillRun(StageRun[BackfillStage]):
         self.dead: list[DataFrame] = []
         self.cached: list[DataFrame] = []
 
+    @property
+    def fits(self) -> bool:
+        """Whether this run fits the feature state (rather than loading a saved one)."""
+        # A named feature state wins over fitting: an incremental retrain keeps the champion's
+        # layout (a refit could change vocabulary sizes, and with them the model's tables).
+        return self.stage.fit and self.state_version is None
+
     def run(self) -> tuple[StageReport, FeatureState]:
+        self.check_outputs(fits=self.fits)
         rows = self.read_events()
         if self.stage.label is not None:
             rows = self.label(rows, self.stage.label)
@@ -84,6 +97,8 @@ class BackfillRun(StageRun[BackfillStage]):
         else:
             self.to_table(training)
         self.write_dead_letters()
+        if self.fits:
+            state.make_latest(self.states)
         for frame in self.cached:
             frame.unpersist()
         self.report.batches = 1
@@ -147,9 +162,9 @@ class BackfillRun(StageRun[BackfillStage]):
         return usable
 
     def fit_or_load(self, usable: DataFrame) -> FeatureState:
-        # A named feature state wins over fitting: an incremental retrain keeps the champion's
-        # layout (a refit could change vocabulary sizes, and with them the model's tables).
-        if not self.stage.fit or self.state_version is not None:
+        """The state fitted on ``usable`` and saved by version (LATEST moves at the end of
+        :meth:`run`), or the one named or LATEST when this run does not fit."""
+        if not self.fits:
             return self.load_state(self.state_version)
         lineage = {"pipeline": self.pipeline.name, "stage": self.stage.name, **self.report.lineage}
         state = fit_state(usable, self.stage.features, lineage)

@@ -266,6 +266,7 @@ class LiveRun(StageRun[LiveStage]):
         return found
 
     def run(self) -> StageReport:
+        self.check_outputs()
         state = self.feature_state()
         outputs = self.open_outputs(state)
         dimensions = Dimensions(self.spark, self.stack, self.pipeline)

@@ -22,6 +22,7 @@ from spark_jobs.backfill import run_backfill
 from spark_jobs.live import run_live
 from spark_jobs.report import StageReport
 from spark_jobs.session import get_session
+from spark_jobs.stage import check_outputs
 
 __all__ = ["describe", "run_pipeline"]
 
@@ -116,6 +117,11 @@ def incremental(pipeline: Pipeline, stage: BackfillStage, since: int | None) -> 
 def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) -> list[StageReport]:
     """Run the chosen stages in order; each report says whether its counts reconcile."""
     chosen = [s for s in pipeline.stages if not options.stages or s.name in options.stages]
+    # Every stage's outputs before the first starts (each stage checks its own again): a later
+    # stage's unwritable location is not found after an earlier stage has run for an hour.
+    for stage in chosen:
+        fits = isinstance(stage, BackfillStage) and stage.fit and options.feature_state is None
+        check_outputs(stack, pipeline, stage, fits=fits)
     spark = get_session(stack, app_name=f"flow-{pipeline.name}")
     tracker: Tracker = (
         MlflowTracker(stack.mlflow.tracking_uri, f"pipeline-{pipeline.name}")

@@ -10,6 +10,10 @@ holding the shared context and the shared phases, not a template method with one
 does, and a change to one stage's order (supervised restarts, one query instead of two) does
 not have to fit the other's. The phases a micro-batch writer needs too (enrichment, counting)
 are plain functions here, since a writer holds no run.
+
+Before either reads anything, :meth:`StageRun.check_outputs` writes a probe file to every
+location the stage will write (:func:`stage_outputs`): an unwritable handoff is found in a
+second, with the setting to change, not after an hour of fitting.
 """
 
 from __future__ import annotations
@@ -22,16 +26,24 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from flow.config import StackConfig
-from flow.pipeline.model import BackfillStage, Enrich, LiveStage, Pipeline
+from flow.pipeline.model import BackfillStage, Enrich, HandoffOutput, LiveStage, Pipeline
 from flow.pipeline.state import FeatureState, states_location
-from flow.storage import Location
+from flow.storage import Location, location, namespace_locations
 from spark_jobs.joins import enrich
 from spark_jobs.report import StageReport
-from spark_jobs.rows import dead_letter_table
+from spark_jobs.rows import channel_for, dead_letter_table
 from spark_jobs.sinks import DEAD_LETTER_SCHEMA, dead_letter_rows, ensure_table
 from spark_jobs.validate import REASON
 
-__all__ = ["Progress", "StageRun", "enriched", "input_counts", "positives"]
+__all__ = [
+    "Progress",
+    "StageRun",
+    "check_outputs",
+    "enriched",
+    "input_counts",
+    "positives",
+    "stage_outputs",
+]
 
 Progress = Callable[[str], None]
 S = TypeVar("S", BackfillStage, LiveStage)
@@ -61,6 +73,39 @@ def enriched(
     return rows
 
 
+def stage_outputs(
+    stack: StackConfig, pipeline: Pipeline, stage: BackfillStage | LiveStage, *, fits: bool
+) -> list[tuple[Location, str]]:
+    """The locations ``stage`` writes, each with the setting that chooses it: its handoff
+    channel, the feature states it saves (``fits``), a live stage's checkpoints and, on a local
+    warehouse, the Iceberg tables (dead letters, training tables)."""
+    found: list[tuple[Location, str]] = []
+    output = pipeline.output
+    if isinstance(output, HandoffOutput):
+        setting = "FLOW_HANDOFF" if output.location is None else "HandoffOutput.location"
+        found.append((channel_for(stack, pipeline, stage.channel).folder, setting))
+    folders = namespace_locations(stack, pipeline.namespace)
+    if fits:
+        found.append((folders.feature_state.child(stage.features.name), "FLOW_FEATURE_STATE"))
+    if stage.streaming:
+        checkpoints = folders.checkpoints.child(pipeline.name, stage.name)
+        found.append((checkpoints, "FLOW_HOME"))  # checkpoints are under it
+    # Only a local warehouse: on an object store Iceberg writes with the catalog's own
+    # credentials (FLOW_CATALOG_PROPERTIES), which a probe through pyarrow would not use.
+    if stack.catalog.type == "sql" and stack.catalog.warehouse.startswith("file:"):
+        found.append((location(stack.catalog.warehouse), "FLOW_WAREHOUSE"))
+    return found
+
+
+def check_outputs(
+    stack: StackConfig, pipeline: Pipeline, stage: BackfillStage | LiveStage, *, fits: bool
+) -> None:
+    """A ConfigError naming the setting to change unless ``stage`` can write every location it
+    writes (a probe file, written and deleted, in each)."""
+    for where, setting in stage_outputs(stack, pipeline, stage, fits=fits):
+        where.check_writable(setting)
+
+
 class StageRun(Generic[S]):
     """One run of one stage: its inputs, its report, its clock and the phases stages share."""
 
@@ -78,6 +123,10 @@ class StageRun(Generic[S]):
         self.stage: S = stage
         self.progress = progress
         self.report = StageReport(pipeline.name, stage.name, kind, stage.channel)
+
+    def check_outputs(self, *, fits: bool = False) -> None:
+        """Fail now, naming the setting, if the stage could not write its outputs at the end."""
+        check_outputs(self.stack, self.pipeline, self.stage, fits=fits)
 
     @property
     def states(self) -> Location:

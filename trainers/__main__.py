@@ -6,7 +6,9 @@
     python -m trainers doctor [--require-gpu] [--json]
 
 ``train --help`` lists every setting of ``flow.training.TrainConfig``, from which the command
-line is generated (model, optimizer, mixing, checkpoints, tracking).
+line is generated (model, optimizer, mixing, checkpoints, tracking). A mistake (an unknown
+``FLOW_*`` variable, a bad ``--config`` file, a missing channel) ends with one line, ``error:
+...``, and exit code 1; ``--debug`` (or ``FLOW_DEBUG=1``) adds its traceback.
 """
 
 from __future__ import annotations
@@ -15,22 +17,20 @@ import json
 import sys
 from dataclasses import asdict
 
+from flow.console import DEBUG_FLAG, debug_requested, report_error
+from flow.errors import FlowError
+
 COMMANDS = ("train", "doctor")
 
 
 def _train(argv: list[str]) -> int:
     from flow.config import StackConfig
-    from flow.errors import FlowError
     from flow.training import parse_args
     from trainers.train import train
 
-    try:
-        stack = StackConfig.from_env()
-        config = parse_args(argv).resolved(stack)
-        result = train(config, tracking_uri=stack.mlflow.tracking_uri)
-    except FlowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    stack = StackConfig.from_env()
+    config = parse_args(argv).resolved(stack)
+    result = train(config, tracking_uri=stack.mlflow.tracking_uri)
     summary = {
         **asdict(result),
         "samples_per_s": result.samples_per_s,
@@ -49,13 +49,21 @@ def _train(argv: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m trainers {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        print(
+            f"usage: python -m trainers {{{','.join(COMMANDS)}}} [{DEBUG_FLAG}] ...",
+            file=sys.stderr,
+        )
         return 2
-    if argv[0] == "train":
-        return _train(argv[1:])
-    from trainers.doctor import main as doctor
+    command, args = argv[0], [a for a in argv[1:] if a != DEBUG_FLAG]
+    try:
+        if command == "train":
+            return _train(args)
+        from trainers.doctor import main as doctor
 
-    return doctor(argv[1:])
+        return doctor(args)
+    except FlowError as exc:
+        report_error(exc, debug=debug_requested(argv))
+        return 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from flow.errors import ConfigError
+from flow.storage import location
 
 __all__ = ["Checkpointer"]
 
@@ -38,6 +39,11 @@ class Checkpointer:
         self.rank = rank
         self.world_size = world_size
         self.keep = keep
+
+    def check_writable(self) -> None:
+        """A ConfigError naming ``--checkpoint-dir`` unless the folder can be written: found
+        when the run starts, not at its first checkpoint."""
+        location(str(self.folder)).check_writable("--checkpoint-dir")
 
     def _step_folder(self, step: int) -> Path:
         return self.folder / f"step-{step:012d}"

@@ -136,6 +136,13 @@ class Session:
         self.world = start_distributed(self.device)
         self.leader = self.world.rank == 0
         self.say = say if self.leader else (lambda _: None)
+        self.checkpoints = (
+            Checkpointer(config.checkpoint_dir, self.world.rank, self.world.world_size)
+            if config.checkpoint_dir
+            else None
+        )
+        if self.checkpoints is not None:
+            self.checkpoints.check_writable()  # before waiting for channels or building anything
         torch.manual_seed(config.seed)
         wait_for(config, self.say)
         self.layout = layout_of(config)
@@ -163,11 +170,6 @@ class Session:
         if config.init_from_champion or config.promote_margin is not None:
             self.champion = self._champion(warm_start=config.init_from_champion)
         self.columns = columns_of(self.layout)
-        self.checkpoints = (
-            Checkpointer(config.checkpoint_dir, self.world.rank, self.world.world_size)
-            if config.checkpoint_dir
-            else None
-        )
         self.step = 0
         self.last_cursor: dict[str, Any] | None = None
         """The reader's cursor after the last batch trained on (lineage reads it)."""

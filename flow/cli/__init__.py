@@ -13,6 +13,7 @@
     flow handoff ls | show | verify | close | retire | drop
                                          handoff channels (see flow/cli/channels.py)
     flow bench NAME [args]               benchmarks/NAME.py on the local stack
+    flow --debug COMMAND ...             errors with their traceback (also FLOW_DEBUG=1)
 
 Heavy imports (pyiceberg, MLflow, Kafka clients) happen inside the commands that need them, so
 ``flow --help`` stays instant.
@@ -20,19 +21,32 @@ Heavy imports (pyiceberg, MLflow, Kafka clients) happen inside the commands that
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from flow.cli import channels, data, jobs, lifecycle, local
+from flow.console import DEBUG_ENV, DEBUG_FLAG
 
 __all__ = ["main"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="primus-flow")
-def main() -> None:
-    """Primus Flow: Kafka + Iceberg + Spark into PyTorch trainers, tracked in MLflow."""
+@click.option(
+    DEBUG_FLAG,
+    is_flag=True,
+    help=f"Show the traceback of an error, also in the jobs a command starts ({DEBUG_ENV}=1).",
+)
+def main(debug: bool) -> None:
+    """Primus Flow: Kafka + Iceberg + Spark into PyTorch trainers, tracked in MLflow.
+
+    A mistake ends a command with one line, "error: ..."; --debug adds its traceback.
+    """
+    if debug:
+        # Through the environment, so that Spark jobs and trainers started here see it too.
+        os.environ[DEBUG_ENV] = "1"
 
 
 for command in (

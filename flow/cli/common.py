@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
@@ -11,6 +12,7 @@ from rich.markup import escape
 
 from flow.config import StackConfig
 from flow.console import console as make_console
+from flow.console import debug_requested
 from flow.errors import FlowError
 
 __all__ = ["console", "friendly", "progress", "stack_config"]
@@ -20,13 +22,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def friendly(fn: F) -> F:
-    """Print a FlowError as a one-paragraph message (no traceback) and exit 1."""
+    """Print a FlowError as a one-paragraph message (no traceback) and exit 1; with ``flow
+    --debug`` (FLOW_DEBUG=1) its traceback first. Other exceptions are bugs: they propagate."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except FlowError as exc:
+            if debug_requested(()):
+                traceback.print_exception(exc)
             console.print(
                 f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
             )

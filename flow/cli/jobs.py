@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.markup import escape
@@ -16,6 +17,7 @@ from rich.markup import escape
 from flow.cli.common import console, friendly, progress, stack_config
 from flow.cli.local import stack_up
 from flow.config import StackConfig
+from flow.console import DEBUG_ENV
 from flow.errors import FlowError
 from flow.secrets import redact_argv
 
@@ -47,6 +49,20 @@ def launch(argv: Sequence[str], stack: StackConfig, extra: dict[str, str] | None
             path.unlink(missing_ok=True)
 
 
+def _exit(code: int, argv: Sequence[str]) -> NoReturn:
+    """Exit with the job's code; a failed job gets one line saying so (the job has printed why:
+    ``flow`` adds no traceback of its own)."""
+    if code:
+        app = next((a for a in argv if a.endswith(".py")), "the job")
+        console.print(
+            f"[bold red]flow:[/] {escape(app)} exited with code {code}; its output above says "
+            f"why (flow --debug, or {DEBUG_ENV}=1, adds tracebacks)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    raise SystemExit(code)
+
+
 def spark_launcher(stack: StackConfig) -> Callable[[Sequence[str], dict[str, str]], int]:
     """``launch`` on ``stack``, for the commands that start Spark jobs of their own."""
 
@@ -65,7 +81,7 @@ def submit(argv: tuple[str, ...]) -> None:
     Options before APP go to spark-submit and win over the stack's (--master, --conf k=v, ...);
     arguments after APP go to the application.
     """
-    raise SystemExit(launch(argv, stack_config()))
+    _exit(launch(argv, stack_config()), argv)
 
 
 @click.command(context_settings=_passthrough)
@@ -100,7 +116,7 @@ def run(
         trainer = parse_args([*given, *shlex.split(train_args or "")], prog="flow run --train")
     stack = stack_up()
     if trainer is None:
-        raise SystemExit(launch(argv, stack))
+        _exit(launch(argv, stack), argv)
     from flow.workflows.together import run_together
 
     run_together(argv, trainer, train_procs, stack, spark_launcher(stack), progress)

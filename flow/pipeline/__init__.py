@@ -4,8 +4,13 @@
 
 A definition is plain data; ``spark_jobs`` runs it (``flow run pipelines/x.py``), entering
 through :func:`run_main` at the bottom of the file.
+
+Importing this package makes a FlowError that nothing catches (a mistake in a definition built
+at the top of a pipeline file) end the process with one line rather than a traceback; see
+:func:`flow.console.install_excepthook`.
 """
 
+from flow.console import install_excepthook
 from flow.pipeline.features import (
     Bucketized,
     Cross,
@@ -61,3 +66,5 @@ __all__ = [
     "layout",
     "run_main",
 ]
+
+install_excepthook()

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar, Literal
 
 from flow.errors import ConfigError
-from flow.pipeline.schema import check_identifier
+from flow.pipeline.schema import Definition, check_identifier
 
 __all__ = [
     "Bucketized",
@@ -38,7 +38,7 @@ def _buckets(buckets: int, owner: str) -> None:
 
 
 @dataclass(frozen=True)
-class Hashed:
+class Hashed(Definition):
     """A categorical column hashed into ``buckets`` indices (index 0: null)."""
 
     column: str
@@ -53,7 +53,7 @@ class Hashed:
 
 
 @dataclass(frozen=True)
-class Vocabulary:
+class Vocabulary(Definition):
     """A categorical column looked up in a vocabulary fitted on the batch stage.
 
     Values seen at least ``min_frequency`` times, most frequent first, up to ``max_size``, get
@@ -80,7 +80,7 @@ class Vocabulary:
 
 
 @dataclass(frozen=True)
-class Numeric:
+class Numeric(Definition):
     """A number for the dense block: clipped, then log1p, then null-filled and standardized.
 
     ``fill`` replaces nulls; left None, nulls become the fitted mean (0 after standardizing).
@@ -105,7 +105,7 @@ class Numeric:
 
 
 @dataclass(frozen=True)
-class Bucketized:
+class Bucketized(Definition):
     """A number cut at quantiles fitted on the batch stage: index 1..buckets, 0 for null."""
 
     column: str
@@ -125,7 +125,7 @@ class Bucketized:
 
 
 @dataclass(frozen=True)
-class Cross:
+class Cross(Definition):
     """Two or more categorical columns crossed and hashed into ``buckets`` indices."""
 
     columns: tuple[str, ...]
@@ -142,7 +142,7 @@ class Cross:
 
 
 @dataclass(frozen=True)
-class HashedSequence:
+class HashedSequence(Definition):
     """A multi-valued column: up to ``max_length`` values hashed into ``buckets``, 0-padded."""
 
     column: str
@@ -181,7 +181,7 @@ def feature_inputs(feature: Feature) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class FeatureSpec:
+class FeatureSpec(Definition):
     """The features of a training row, its label and its weight."""
 
     name: str

@@ -20,6 +20,7 @@ from flow.handoff.shards import codec
 from flow.pipeline.columns import stage_columns
 from flow.pipeline.features import FeatureSpec
 from flow.pipeline.schema import (
+    Definition,
     Field,
     check_identifier,
     check_interval,
@@ -42,7 +43,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class LabelJoin:
+class LabelJoin(Definition):
     """Label each event by whether a matching event of ``source`` follows within ``window``.
 
     An event with a match at event time in ``[t, t + window]`` gets ``label`` 1; one with none by
@@ -64,7 +65,7 @@ class LabelJoin:
 
 
 @dataclass(frozen=True)
-class Enrich:
+class Enrich(Definition):
     """Add ``columns`` of the dimension table ``source`` to each event, matched ``on`` a key.
 
     In a stream the table is read again every micro-batch, so updates to it are seen while the
@@ -83,7 +84,7 @@ class Enrich:
 
 
 @dataclass(frozen=True)
-class BackfillStage:
+class BackfillStage(Definition):
     """A batch stage over table history; with ``fit`` it also fits the feature state."""
 
     name: str
@@ -98,7 +99,7 @@ class BackfillStage:
 
 
 @dataclass(frozen=True)
-class LiveStage:
+class LiveStage(Definition):
     """A Structured Streaming stage over Kafka, featurized with a fitted state."""
 
     name: str
@@ -122,7 +123,7 @@ StageT = TypeVar("StageT", bound=Stage)
 
 
 @dataclass(frozen=True)
-class HandoffOutput:
+class HandoffOutput(Definition):
     """Training rows go to the handoff: one channel per stage, read by the trainers.
 
     The location is ``$FLOW_HANDOFF/<namespace>`` unless ``location`` says otherwise.
@@ -154,7 +155,7 @@ class HandoffOutput:
 
 
 @dataclass(frozen=True)
-class TableOutput:
+class TableOutput(Definition):
     """Training rows go to the Iceberg table ``<namespace>.training_<channel>`` instead."""
 
 
@@ -195,7 +196,7 @@ def _check_renames(kind: str, renames: Mapping[str, str], existing: list[str], o
 
 
 @dataclass(frozen=True)
-class Pipeline:
+class Pipeline(Definition):
     """Sources and the stages that turn them into training rows."""
 
     name: str

@@ -4,6 +4,11 @@
 
     if __name__ == "__main__":
         run_main(my_pipeline())
+
+A mistake in the definition or the run (a FlowError) ends the process with one line, ``error:
+...``, and exit code 1; ``--debug`` or ``FLOW_DEBUG=1`` adds the traceback. ``my_pipeline()``
+runs before ``run_main`` is called, so its errors are reported by the hook that importing
+:mod:`flow.pipeline` installs (:func:`flow.console.install_excepthook`).
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from flow.config import StackConfig
+from flow.console import DEBUG_FLAG, reporting_errors
 from flow.engine import RunOptions, load_engine
-from flow.errors import FlowError
 from flow.pipeline.model import Pipeline
 from flow.pipeline.schema import did_you_mean
 
@@ -50,6 +55,11 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
     parser.add_argument(
         "--since-snapshot", type=int, help="backfill: only event snapshots after this one"
     )
+    parser.add_argument(
+        DEBUG_FLAG,
+        action="store_true",
+        help="show the traceback of an error, not only its message (also: FLOW_DEBUG=1)",
+    )
     args = parser.parse_args(list(argv))
     for name in args.stage:
         if name not in stage_names:
@@ -75,15 +85,13 @@ def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None
 
     Works under ``spark-submit`` (the session keeps spark-submit's settings) and under ``flow
     run``; ``argv`` (default: the command line) chooses stages and run mode for a
-    :class:`~flow.pipeline.Pipeline`. Exits with the engine's exit code.
+    :class:`~flow.pipeline.Pipeline`. Exits with the engine's exit code; a FlowError exits 1
+    with its message on one line (``--debug``: and its traceback).
     """
-    try:
+    args = sys.argv[1:] if argv is None else argv
+    with reporting_errors(args):
         options = RunOptions()
         if isinstance(spec, Pipeline):
-            args = sys.argv[1:] if argv is None else argv
             options = parse_run_args(args, [s.name for s in spec.stages])
         code = load_engine(engine).run(spec, StackConfig.from_env(), options)
-    except FlowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        code = 1
     raise SystemExit(code)

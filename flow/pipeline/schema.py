@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
-from collections.abc import Iterable
+import reprlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from flow.errors import ConfigError
 
 __all__ = [
     "NUMERIC_TYPES",
+    "Definition",
     "Field",
     "FieldType",
     "check_identifier",
@@ -52,6 +55,58 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def _check_arguments(kind: type, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """Python's TypeError for a mistyped, missing or extra argument, as a ConfigError that names
+    the class, the argument and what to write instead."""
+    fields = [f for f in dataclasses.fields(kind) if f.init]
+    names = [f.name for f in fields]
+    kind_name = kind.__name__
+    if len(args) > len(names):
+        raise ConfigError(
+            f"{kind_name} takes at most {len(names)} positional arguments ({', '.join(names)}), "
+            f"not {len(args)}; name the others (key=value)"
+        )
+    for key, value in kwargs.items():
+        if key not in names:
+            raise ConfigError(
+                f"{kind_name}({key}={reprlib.repr(value)}): {kind_name} has no field {key!r}; "
+                f"its fields: {', '.join(names)}{did_you_mean(key, names)}"
+            )
+        if key in names[: len(args)]:
+            raise ConfigError(
+                f"{kind_name}: {key!r} is given twice, by position and as {key}=...; give it once"
+            )
+    given = {*names[: len(args)], *kwargs}
+    missing = [
+        f.name
+        for f in fields
+        if f.name not in given
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"{kind_name} needs {', '.join(missing)}; give a value for each")
+
+
+class _Checked(type):
+    # The check sits in the metaclass's __call__, which runs only for `Kind(...)` written in
+    # code: pickling, copy and Spark's closures rebuild objects through __new__, without it.
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        _check_arguments(cls, args, kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class Definition(metaclass=_Checked):
+    """Base of the dataclasses a pipeline is written with (sources, stages, features, ...).
+
+    A keyword the class does not have (``LabelJoin(windw=...)``), a missing field or one
+    positional argument too many is a :class:`ConfigError` naming the class, the argument and
+    the closest field, where Python would raise a TypeError (and ``flow run`` show a traceback).
+    """
+
+    __slots__ = ()
+
+
 def check_identifier(value: str, what: str) -> None:
     """Column, stage, channel and source names: lower-case SQL identifiers."""
     if not _IDENTIFIER.match(value):
@@ -83,7 +138,7 @@ def check_trigger(value: str, what: str) -> None:
 
 
 @dataclass(frozen=True)
-class Field:
+class Field(Definition):
     """One declared column: its type and the values it may hold.
 
     Records that break the declaration (a required field missing, a value of the wrong type, out

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from flow.errors import ConfigError
+from flow.pipeline.schema import Definition
 
 __all__ = ["SmokeCheck"]
 
@@ -20,7 +21,7 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 @dataclass(frozen=True)
-class SmokeCheck:
+class SmokeCheck(Definition):
     """What the smoke pipeline writes, and how much."""
 
     namespace: str = "smoke"

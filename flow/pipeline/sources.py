@@ -8,7 +8,13 @@ from datetime import datetime
 from typing import Literal
 
 from flow.errors import ConfigError
-from flow.pipeline.schema import Field, check_identifier, check_interval, did_you_mean
+from flow.pipeline.schema import (
+    Definition,
+    Field,
+    check_identifier,
+    check_interval,
+    did_you_mean,
+)
 
 __all__ = ["DeltaSource", "IcebergSource", "KafkaSource", "Source", "TableSource"]
 
@@ -46,7 +52,7 @@ def _range(
 
 
 @dataclass(frozen=True)
-class KafkaSource:
+class KafkaSource(Definition):
     """A Kafka topic of JSON records with a declared schema."""
 
     topic: str
@@ -96,7 +102,7 @@ class KafkaSource:
 
 
 @dataclass(frozen=True)
-class IcebergSource:
+class IcebergSource(Definition):
     """An Iceberg table of the stack's catalog, read as of a snapshot, a time or incrementally.
 
     With none of ``snapshot_id``, ``as_of`` and ``since_snapshot``: the current snapshot.
@@ -138,7 +144,7 @@ class IcebergSource:
 
 
 @dataclass(frozen=True)
-class DeltaSource:
+class DeltaSource(Definition):
     """A Delta table by path (relative paths are under ``FLOW_LAKE``)."""
 
     path: str

@@ -114,11 +114,25 @@ class FeatureState:
     # -- storage -------------------------------------------------------------------------------
 
     def save(self, root: Location) -> str:
-        """Write under ``root/<spec name>/<version>.json`` and point LATEST at it."""
+        """Write under ``root/<spec name>/<version>.json``; LATEST stays where it is (see
+        :meth:`make_latest`). Loading by version finds it from now on."""
         folder = root.child(self.spec_name)
         folder.write_bytes(f"{self.version}.json", self.to_json().encode())
-        folder.write_bytes(_LATEST, self.version.encode())
         return f"{folder}/{self.version}.json"
+
+    def make_latest(self, root: Location) -> None:
+        """Point the spec's LATEST at this (saved) state: what loading without a version gets.
+
+        The stage that fitted it calls this once its outputs are committed, so a stage that
+        fails after fitting leaves LATEST on the last state a stage succeeded with.
+        """
+        folder = root.child(self.spec_name)
+        if not folder.exists(f"{self.version}.json"):
+            raise ConfigError(
+                f"feature state {self.version} is not saved in {folder}; save it before making "
+                "it the latest"
+            )
+        folder.write_bytes(_LATEST, self.version.encode())
 
     @classmethod
     def load(cls, root: Location, spec: FeatureSpec, version: str | None = None) -> FeatureState:

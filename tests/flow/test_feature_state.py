@@ -45,6 +45,7 @@ def test_states_round_trip_and_the_version_is_their_content(tmp_path: Path) -> N
     state = fitted()
     root = location(str(tmp_path))
     state.save(root)
+    state.make_latest(root)
     loaded = FeatureState.load(root, SPEC)
     assert loaded == state
     assert loaded.version == state.version
@@ -63,7 +64,9 @@ def test_loading_names_what_is_missing(tmp_path: Path) -> None:
 
 def test_a_state_for_another_spec_is_refused(tmp_path: Path) -> None:
     root = location(str(tmp_path))
-    fitted().save(root)
+    state = fitted()
+    state.save(root)
+    state.make_latest(root)
     changed = FeatureSpec("ctr", (*SPEC.features, Hashed("item_id", buckets=10)))
     with pytest.raises(ConfigError, match="fitted for another version of spec 'ctr'"):
         FeatureState.load(root, changed)
@@ -71,10 +74,29 @@ def test_a_state_for_another_spec_is_refused(tmp_path: Path) -> None:
 
 def test_a_tampered_state_file_is_detected(tmp_path: Path) -> None:
     root = location(str(tmp_path))
-    path = Path(fitted().save(root))
+    state = fitted()
+    path = Path(state.save(root))
     path.write_text(path.read_text().replace('"de"', '"dk"'))
     with pytest.raises(ConfigError, match="is corrupt"):
-        FeatureState.load(root, SPEC)
+        FeatureState.load(root, SPEC, version=state.version)
+
+
+def test_a_saved_state_becomes_the_latest_only_when_made_so(tmp_path: Path) -> None:
+    # A stage saves what it fitted at once (its commit names the version) and moves LATEST
+    # only once its outputs are written: a failed stage leaves the last good state LATEST.
+    root = location(str(tmp_path))
+    good = fitted()
+    good.save(root)
+    good.make_latest(root)
+    refit = FeatureState(**{**good.__dict__, "vocabularies": {"country": ["fr"]}})
+    refit.save(root)
+    assert FeatureState.load(root, SPEC) == good
+    assert FeatureState.load(root, SPEC, version=refit.version) == refit
+    refit.make_latest(root)
+    assert FeatureState.load(root, SPEC) == refit
+    unsaved = FeatureState(**{**good.__dict__, "vocabularies": {"country": ["it"]}})
+    with pytest.raises(ConfigError, match=f"{unsaved.version} is not saved"):
+        unsaved.make_latest(root)
 
 
 def test_the_layout_sizes_every_block_from_spec_and_state() -> None:

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from flow.errors import ShardCorruptError
+from flow.errors import ConfigError, ShardCorruptError
 from flow.handoff import ChannelReader, ReadOptions, World, list_channels
 from flow.storage import location
 from tests.support import Writer, read_ids
@@ -31,3 +31,10 @@ def test_channels_are_written_listed_read_and_verified_on_s3(s3_uri: str) -> Non
         out.write(b"not an arrow file")
     with pytest.raises(ShardCorruptError, match=r"s3://.*\.arrow.*truncated"):
         read_ids(ChannelReader(root.uri, "train", options=options))
+
+
+def test_a_location_in_a_missing_bucket_fails_its_write_check(s3_uri: str) -> None:
+    location(s3_uri).child("checked").check_writable("FLOW_HANDOFF")  # a PUT and a DELETE
+    missing = s3_uri.replace("@handoff/", "@no-such-bucket/")
+    with pytest.raises(ConfigError, match=r"^FLOW_HANDOFF: cannot write to s3://no-such-bucket/"):
+        location(missing).check_writable("FLOW_HANDOFF")  # and the credentials are not shown

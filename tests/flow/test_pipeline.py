@@ -198,8 +198,55 @@ def test_building_blocks_reject_bad_values(make: Callable[[], object], message: 
 
 
 def test_unknown_keyword_arguments_are_refused_not_ignored() -> None:
-    with pytest.raises(TypeError, match="windw"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^LabelJoin\(windw='5 minutes'\): LabelJoin has no field 'windw'; its fields: "
+        r"source, key, window, label, label_time; did you mean 'window'\?$",
+    ):
         LabelJoin("c", key="k", windw="5 minutes")  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        # What mypy refuses too: a definition file need not be type-checked to be told.
+        (
+            lambda: LabelJoin("c"),  # type: ignore[call-arg]
+            r"^LabelJoin needs key; give a value for each$",
+        ),
+        (
+            lambda: Hashed("c", 10, "n", 4),  # type: ignore[call-arg]
+            r"^Hashed takes at most 3 positional arguments \(column, buckets, name\), not 4",
+        ),
+        (
+            lambda: Hashed("c", column="d"),  # type: ignore[call-arg,misc]
+            r"'column' is given twice",
+        ),
+        (  # Pipeline.columns is filled in by validation, not given.
+            lambda: Pipeline("p", "ns", {}, (), columns={}),  # type: ignore[call-arg]
+            "has no field 'columns'",
+        ),
+        (
+            lambda: dataclasses.replace(HandoffOutput(), num_bucket=8),  # type: ignore[call-arg]
+            r"HandoffOutput has no field 'num_bucket'.*did you mean 'num_buckets'\?",
+        ),
+    ],
+)
+def test_missing_and_extra_arguments_name_the_class_and_the_field(
+    make: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
+def test_definitions_still_pickle_and_copy() -> None:
+    # Spark ships definitions to executors by pickling: that must not go through the check.
+    import copy
+    import pickle
+
+    built = pipeline()
+    assert pickle.loads(pickle.dumps(built.stages[0])) == built.stages[0]
+    assert copy.deepcopy(built.sources) == built.sources
 
 
 def test_the_ctr_spec_keeps_the_fingerprint_its_fitted_states_were_saved_under() -> None:

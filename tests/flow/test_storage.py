@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
+
+from flow.errors import ConfigError
 from flow.storage import location
 
 
@@ -30,3 +34,28 @@ def test_list_names_files_or_folders_sorted_without_hidden_ones(tmp_path: Path) 
     assert folder.list(".json") == ["a.json", "b.json"]
     assert folder.list(folders=True) == ["consumers", "shards"]
     assert folder.list("ers", folders=True) == ["consumers"]
+
+
+def test_a_writable_location_passes_its_check_and_keeps_no_probe(tmp_path: Path) -> None:
+    folder = location(str(tmp_path)).child("handoff", "ns")
+    folder.check_writable("FLOW_HANDOFF")
+    assert folder.exists()  # made, as a writer would
+    assert list((tmp_path / "handoff" / "ns").iterdir()) == []
+
+
+def test_an_unwritable_location_names_the_setting_and_the_location(tmp_path: Path) -> None:
+    # A folder under a regular file cannot be made, whoever runs the test (root ignores chmod).
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    folder = location(str(blocker)).child("ns", "backfill")
+    with pytest.raises(
+        ConfigError, match=rf"^FLOW_HANDOFF: cannot write to {folder.uri} \(.*\); set FLOW_HANDOFF"
+    ):
+        folder.check_writable("FLOW_HANDOFF")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_folder_is_unwritable(tmp_path: Path) -> None:
+    tmp_path.joinpath("ro").mkdir(mode=0o500)
+    with pytest.raises(ConfigError, match="FLOW_FEATURE_STATE: cannot write to"):
+        location(str(tmp_path / "ro")).check_writable("FLOW_FEATURE_STATE")

@@ -168,3 +168,29 @@ def test_a_session_pyspark_starts_keeps_a_secret_off_the_jvms_command_line(
     assert result["leaks"] == []
     assert "pyspark-shell" in str(result["jvm"])
     assert result["seen"] is True
+
+
+BAD_DEFINITION = """
+from flow.pipeline import LabelJoin, run_main
+
+run_main(LabelJoin("clicks", key="id", windw="5 minutes"))
+"""
+
+
+def test_a_mistake_in_a_pipeline_file_under_flow_run_is_one_line_and_its_exit_code(
+    running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    app = tmp_path / "bad.py"
+    app.write_text(BAD_DEFINITION)
+    done = run_flow(["run", str(app)], stack_env)
+    assert done.returncode == 1
+    output = done.stdout + done.stderr  # spark-submit merges the app's stderr into its stdout
+    assert "Traceback" not in output
+    assert [line for line in output.splitlines() if line.startswith("error:")] == [
+        "error: LabelJoin(windw='5 minutes'): LabelJoin has no field 'windw'; its fields: "
+        "source, key, window, label, label_time; did you mean 'window'?"
+    ]
+    assert f"flow: {app} exited with code 1; its output above says why" in done.stderr
+    debug = run_flow(["--debug", "run", str(app)], stack_env)
+    assert debug.returncode == 1
+    assert "Traceback (most recent call last)" in debug.stdout + debug.stderr

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +29,7 @@ from flow.pipeline import (
     Enrich,
     FeatureSpec,
     Field,
+    HandoffOutput,
     Hashed,
     IcebergSource,
     KafkaSource,
@@ -43,6 +45,7 @@ from flow.pipeline import (
 from flow.pipeline.state import FeatureState, states_location
 from flow.stack.iceberg import open_catalog
 from flow.stack.kafka import ensure_topics, producer
+from spark_jobs import backfill
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import training_rows
 from spark_jobs.live import run_live
@@ -306,6 +309,56 @@ def test_a_full_backfill_of_new_snapshots_is_refused_and_tables_remain_an_option
         == report.training_rows
         == 5
     )
+
+
+def test_an_unwritable_handoff_stops_a_backfill_before_it_reads_or_fits(
+    spark: SparkSession, world: Lake, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a folder under a file cannot be made, even by root
+    pipeline = world.pipeline()
+    with pytest.raises(ConfigError, match=rf"^FLOW_HANDOFF: cannot write to {blocker}/"):
+        run_backfill(
+            spark,
+            pipeline,
+            pipeline.stage("backfill", BackfillStage),
+            replace(world.stack, handoff=str(blocker)),
+        )
+    assert not states_location(world.stack, world.ns).exists(), "nothing was fitted"
+
+
+def test_a_stage_that_fails_after_fitting_leaves_latest_on_the_last_good_state(
+    spark: SparkSession, world: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline = world.pipeline()
+    stage = pipeline.stage("backfill", BackfillStage)
+    _, good = run_backfill(spark, pipeline, stage, world.stack)
+    states = states_location(world.stack, world.ns)
+    # New users, so the refit's vocabulary differs; its rows go to a new handoff location, whose
+    # export fails (a full disk, a lost bucket) after the fit.
+    world.table(
+        "users",
+        [{"user_id": 2, "country": "jp", "segment": "b"}],
+        pa.schema([("user_id", pa.int64()), ("country", pa.string()), ("segment", pa.string())]),
+    )
+
+    def export_fails(*_args: object, **_kwargs: object) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(backfill, "export", export_fails)
+    elsewhere = replace(pipeline, output=HandoffOutput(location=str(tmp_path / "handoff")))
+    with pytest.raises(OSError, match="no space left"):
+        run_backfill(spark, elsewhere, stage, world.stack)
+    monkeypatch.undo()
+    versions = states.child(stage.features.name).list(".json")
+    assert len(versions) == 2, "the refit is saved under its version all the same"
+    assert FeatureState.load(states, stage.features) == good, "LATEST did not move"
+
+    # A later run that loads LATEST gets the last good state.
+    tables = replace(pipeline, output=TableOutput())
+    report, used = run_backfill(spark, tables, replace(stage, fit=False), world.stack)
+    assert used == good
+    assert report.feature_state == good.version
 
 
 def test_features_and_parsing_run_no_python_per_row(spark: SparkSession, world: Lake) -> None:

@@ -1,0 +1,117 @@
+"""Pipeline files as the Spark driver runs them (``python FILE args``, which is what spark-submit
+starts): a mistake in the definition is one line and exit code 1, never a traceback, unless
+asked for with --debug or FLOW_DEBUG=1. (Through spark-submit: tests/spark_jobs.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, clean_environ, stack_env_for
+
+UNKNOWN_KEY = """
+from dataclasses import replace
+from flow.pipeline import BackfillStage, run_main
+from pipelines.ctr_backfill import ctr_backfill
+
+def pipeline():
+    stage = ctr_backfill().stages[0]
+    bad = BackfillStage(stage.name, events=stage.events, features=stage.features, chanel="x")
+    return replace(ctr_backfill(), stages=(bad,))
+
+if __name__ == "__main__":
+    run_main(pipeline())
+"""
+
+MISSING_COLUMN = """
+from dataclasses import replace
+from flow.pipeline import Hashed, run_main
+from pipelines.ctr_backfill import ctr_backfill
+
+def pipeline():
+    base = ctr_backfill()
+    stage = base.stages[0]
+    spec = replace(stage.features, features=(*stage.features.features, Hashed("user_agee", 10)))
+    return replace(base, stages=(replace(stage, features=spec),))
+
+if __name__ == "__main__":
+    run_main(pipeline())
+"""
+
+
+def run_file(
+    tmp_path: Path, text: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    app = tmp_path / "pipeline.py"
+    app.write_text(text)
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+    return subprocess.run(
+        [sys.executable, str(app), *args],
+        env={
+            **clean_environ(),
+            **stack_env_for(tmp_path / "home"),
+            "PYTHONPATH": path,
+            **(env or {}),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            UNKNOWN_KEY,
+            "error: BackfillStage(chanel='x'): BackfillStage has no field 'chanel'; its fields: "
+            "name, events, features, channel, label, enrich, fit; did you mean 'channel'?",
+        ),
+        (
+            MISSING_COLUMN,
+            "error: stage 'backfill': feature 'user_agee' reads column 'user_agee', which does "
+            "not exist here; available: ",
+        ),
+    ],
+    ids=["unknown-key", "missing-column"],
+)
+def test_a_mistake_in_a_pipeline_file_is_one_line_and_exit_1(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    done = run_file(tmp_path, text)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(said)
+    if text is MISSING_COLUMN:
+        assert lines[0].endswith("did you mean 'user_age'?")
+
+
+@pytest.mark.parametrize(
+    ("args", "env"), [(("--debug",), {}), ((), {"FLOW_DEBUG": "1"})], ids=["flag", "env"]
+)
+def test_debug_shows_the_traceback(
+    tmp_path: Path, args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    done = run_file(tmp_path, UNKNOWN_KEY, *args, env=env)
+    assert done.returncode == 1
+    assert done.stderr.startswith("Traceback (most recent call last):")
+    assert "has no field 'chanel'" in done.stderr.splitlines()[-1]
+
+
+def test_a_bad_run_flag_is_a_usage_error_and_a_bad_setting_one_line(tmp_path: Path) -> None:
+    good = "from flow.pipeline import run_main\nfrom pipelines.ctr_backfill import ctr_backfill\n"
+    good += "run_main(ctr_backfill())\n"
+    done = run_file(tmp_path, good, "--stage", "backfil")
+    assert done.returncode == 2
+    assert "did you mean 'backfill'?" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = run_file(tmp_path, good, env={"FLOW_HANDOF": "/tmp"})
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: unknown setting(s) FLOW_HANDOF;")
+    assert len(done.stderr.splitlines()) == 1
