@@ -51,7 +51,10 @@ def describe(pipeline: Pipeline) -> dict[str, Any]:
 
 
 def _say(message: str) -> None:
-    console.print(f"[bold cyan]{escape('flow')}[/] {escape(message)}", highlight=False)
+    # One message, one line, however long: the job's output is a log people grep.
+    console.print(
+        f"[bold cyan]{escape('flow')}[/] {escape(message)}", highlight=False, soft_wrap=True
+    )
 
 
 def _log_state(run: Run, pipeline: Pipeline, stage_spec: Any, state: FeatureState) -> None:
