@@ -67,13 +67,13 @@ def _log_state(run: Run, pipeline: Pipeline, stage_spec: Any, state: FeatureStat
     )
 
 
-def _batch_logger(run: Run) -> Callable[[dict[str, float], int], None]:
-    """Per-micro-batch metrics of a live stage, as MLflow metric steps. A tracking outage is
-    reported and retried (ResilientRun): it never stops the stream."""
-    resilient = ResilientRun(run, _say)
+def _batch_logger(run: ResilientRun) -> Callable[[dict[str, float], int], None]:
+    """Per-micro-batch metrics of a live stage, as MLflow metric steps. They are queued and sent
+    by ``run``'s own thread: a tracking outage never holds up a micro-batch, and the metrics
+    logged during one arrive, with their steps, when the server is back."""
 
     def log(metrics: dict[str, float], step: int) -> None:
-        resilient.log_metrics(metrics, step=step)
+        run.log_metrics(metrics, step=step)
 
     return log
 
@@ -161,15 +161,16 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
                     )
                     _log_state(run, pipeline, stage.features, state)
                 else:
-                    report = run_live(
-                        spark,
-                        pipeline,
-                        stage,
-                        stack,
-                        options,
-                        progress=_say,
-                        on_batch=_batch_logger(run),
-                    )
+                    with ResilientRun(run, _say) as batches:
+                        report = run_live(
+                            spark,
+                            pipeline,
+                            stage,
+                            stack,
+                            options,
+                            progress=_say,
+                            on_batch=_batch_logger(batches),
+                        )
                 run.log_metrics(report.metrics())
                 run.set_tags({f"lineage.{k}": str(v) for k, v in report.lineage.items()})
                 run.set_tags({"flow.table": report.table})

@@ -10,8 +10,10 @@ the step and each rank's reader cursor: a restarted trainer continues with the n
 Measured while training: samples/s, and the data-stall fraction (on CUDA the GPU's idle time
 waiting for its next batch, on CPU the loop's wait, over the wall time). Rank 0 tracks a
 ``train`` and an ``evaluate`` run in MLflow (nested under ``--parent-run-id`` when a pipeline run
-started the trainer); a tracking outage is reported and retried, never fatal. The rank's own
-work is :class:`trainers.session.Session`'s.
+started the trainer). Metrics go through a queue that one thread sends (ResilientRun): a
+tracking outage costs the training loop nothing; it is reported, and what was logged meanwhile
+arrives, with its steps, when the server is back. The rank's own work is
+:class:`trainers.session.Session`'s.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from trainers.promote import Decision, decide, promote
 from trainers.session import Session, TrainResult, export_model
 
 __all__ = ["TrainResult", "train"]
+
+FINAL_FLUSH_S = 300.0
+"""How long the end of a run waits for queued tracking calls before exporting the model: about
+as long as MLflow's own client retried a call by default (the tracker shortens those retries)."""
 
 
 def _tracker(config: TrainConfig, tracking_uri: str | None) -> Tracker:
@@ -52,8 +58,7 @@ def train(
         if config.parent_run_id and isinstance(tracker, MlflowTracker)
         else tracker.pipeline_run("trainer", params={"channels": ",".join(config.channels)})
     )
-    with parent, tracker.stage("train") as stage:
-        run = ResilientRun(stage, session.say)
+    with parent, tracker.stage("train") as stage, ResilientRun(stage, session.say) as run:
         run.log_params(_params(config, session))
         result.resumed_from = session.resume()
         session.run(run, result)
@@ -82,13 +87,18 @@ def train(
                 step=session.step,
             )
         if session.leader and config.tracking and tracking_uri:
-            run.flush()
+            # The model's run shows every metric before the model appears; a server still down
+            # after this wait fails the export below.
+            run.flush(FINAL_FLUSH_S)
             result.model_uri, result.model_version = export_model(session, stage, final=True)
-        with tracker.stage("evaluate") as evaluation:
+        with (
+            tracker.stage("evaluate") as stage_run,
+            ResilientRun(stage_run, session.say) as evaluation,
+        ):
             scores = session.evaluate()
             if scores:
                 result.metrics = scores
-                ResilientRun(evaluation, session.say).log_metrics(scores, step=result.steps)
+                evaluation.log_metrics(scores, step=result.steps)
             if config.promote_margin is not None:
                 result.decision = _promotion(session, result, scores, [run, evaluation])
     if dist.is_initialized():
