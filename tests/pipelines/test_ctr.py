@@ -60,12 +60,15 @@ def logistic_auc(
 def test_backfill_then_streaming_produce_learnable_reconciled_rows(
     running_stack: StackConfig, stack_env: dict[str, str]
 ) -> None:
+    # Event times relative to today: the live source dead-letters events more than
+    # KafkaSource.max_past (30 days) before the processing time, so fixed dates would age out.
+    base = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
     history = write_history(
         running_stack,
         SyntheticWorld(seed=21, users=3000, items=600),
         days=2,
         per_day=10_000,
-        end=datetime(2026, 6, 1, tzinfo=UTC),
+        end=base,
     )
     backfill = run_flow(["run", "pipelines/ctr_backfill.py"], stack_env)
     output = backfill.stdout + backfill.stderr
@@ -88,7 +91,7 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
         running_stack,
         count=3000,
         malformed_share=0.03,
-        start=datetime(2026, 6, 1, 1, tzinfo=UTC),
+        start=base + timedelta(hours=1),
         span=timedelta(minutes=120),
         seed=5,
     )
