@@ -75,14 +75,12 @@ def test_metrics_logged_while_the_server_is_stopped_arrive_when_it_is_back(
         assert run.flush(timeout=60)
         services.down(running_stack, ("mlflow",))
         try:
-            spent = 0.0
             for step in range(5, 105):
-                started = time.perf_counter()
                 run.log_metrics({"loss": 1 / (step + 1)}, step=step)
-                spent += time.perf_counter() - started
                 time.sleep(0.01)
             run.set_tags({"during": "the outage"})
-            assert spent < 0.5, f"{spent:.2f} s in 100 calls to a stopped server"
+            # Every call returned with the server down: they wait in the queue, none was lost.
+            assert run.pending == 101, run.pending
             _wait_until(lambda: any("unreachable" in m for m in said), timeout=120)
         finally:
             (row,) = services.up(running_stack, ("mlflow",))

@@ -1,9 +1,9 @@
 """The trainer's runs in MLflow: nested under the pipeline run, metrics, a registered model; a
-hung tracking server does not slow training."""
+hung tracking server does not stop training."""
 
 from __future__ import annotations
 
-import time
+import threading
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -133,49 +133,51 @@ class _Hang:
             process.resume()
 
 
-class _Windows:
-    """A trainer's ``say`` that hangs the server in every other window of ``size`` steps after
-    the first (a warm-up) until step ``last``, and times each window: odd ones hung, even up."""
+class _HungDuring:
+    """A trainer's ``say`` that hangs the server from step ``first`` until the loop reaches step
+    ``last``: every step between is trained while MLflow answers nothing.
 
-    def __init__(self, hang: _Hang, size: int, last: int) -> None:
-        self.hang = hang
-        self.size = size
-        self.last = last
-        self.ends: list[float] = []
+    A watchdog resumes the server after ``patience`` seconds and records that it had to: a loop
+    that waited on the server (each call to a hung one runs to the client's 10 s timeout) would
+    still be hung then, having made a few dozen steps of hundreds. The bound is a deadlock
+    detector, some 30 times what the steps take on this machine, not a speed target.
+    """
+
+    def __init__(self, hang: _Hang, first: int, last: int, patience: float = 300.0) -> None:
+        self.hang, self.first, self.last = hang, first, last
+        self.timer = threading.Timer(patience, self._give_up)
+        self.gave_up_at: int | None = None
+        self.step = 0
+        self.lines: list[str] = []
+
+    def _give_up(self) -> None:
+        self.gave_up_at = self.step
+        self.hang.end()
 
     def __call__(self, line: str) -> None:
+        self.lines.append(line)
         if not line.startswith("step "):
             return
-        step = int(line.split()[1].rstrip(":"))
-        if step % self.size == 0:
-            self.ends.append(time.perf_counter())
-            if (step // self.size) % 2 and step < self.last:
-                self.hang.start()
-            else:
-                self.hang.end()
-
-    def seconds(self, hung: bool) -> float:
-        took = [b - a for a, b in zip(self.ends, self.ends[1:], strict=False)]
-        return sum(took[0 if hung else 1 :: 2])
+        self.step = int(line.split()[1].rstrip(":"))
+        if self.step == self.first:
+            self.hang.start()
+            self.timer.start()
+        elif self.step == self.last:
+            self.timer.cancel()
+            self.hang.end()
 
 
 @pytest.mark.integration
-def test_training_keeps_its_pace_while_the_tracking_server_hangs(
+def test_training_goes_on_while_the_tracking_server_hangs(
     running_stack: StackConfig, tmp_path: Path
 ) -> None:
-    """One training, logging every step, with the server hung in windows of 10 steps between
-    windows with it up: the hung windows take no longer than the others.
-
-    A loop that waited on the server would stop in every hung window for the client's timeout
-    (10 s), a hundred times a window's time. The windows alternate within one run because on
-    this shared 2-core machine the same training, run twice a minute apart, has differed 7-fold
-    in speed, and a burst of load lasts seconds: short windows in turn share it. The bar is 1.5x
-    rather than the 10 % the benchmark shows (``flow bench tracking_outage``) for the load that
-    stays uneven between them.
-    """
+    """Logging every step, with the server hung (SIGSTOP: connections taken, never answered)
+    from step 10 to step 400: the loop trains through the outage, and every step's metrics
+    arrive once the server answers again. The speed figure is ``flow bench tracking_outage``'s:
+    tests make no timed claims."""
     write(tmp_path, "train", [200_000, 200_000])
     uri = running_stack.mlflow.tracking_uri
-    steps, size = 810, 10  # a warm-up window, then 40 hung and 40 up in turn, ending up
+    steps = 400
     cfg = config(
         tmp_path,
         tracking=True,
@@ -187,15 +189,16 @@ def test_training_keeps_its_pace_while_the_tracking_server_hangs(
         checkpoint_dir=None,
     )
     hang = _Hang(running_stack)
-    windows = _Windows(hang, size, steps)
+    during = _HungDuring(hang, first=10, last=steps)
     try:
-        result = train(cfg, tracking_uri=uri, say=windows)
+        result = train(cfg, tracking_uri=uri, say=during)
     finally:
+        during.timer.cancel()
         hang.end()
-    assert len(windows.ends) == steps // size
-    hung, up = windows.seconds(hung=True), windows.seconds(hung=False)
-    print(f"400 steps: {up:.2f} s with MLflow up, {hung:.2f} s with it hung")
-    assert hung / up < 1.5, (hung, up)
+    assert during.gave_up_at is None, (
+        f"training waited on the hung tracking server: step {during.gave_up_at} of {steps} "
+        f"after {during.timer.interval:g} s"
+    )
     client = MlflowClient(tracking_uri=uri)
     history = client.get_metric_history(result.run_id or "", "loss")
     assert sorted(m.step for m in history) == list(range(1, steps + 1))
