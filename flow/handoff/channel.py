@@ -168,6 +168,7 @@ class Channel:
         layout: Mapping[str, Any] | None = None,
         feature_state: str | None = None,
         max_unconsumed_bytes: int | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> ChannelMeta:
         """Create the channel, or check that the existing one has this schema and bucket count."""
         if self.exists():
@@ -192,6 +193,7 @@ class Channel:
             layout=dict(layout) if layout else None,
             feature_state=feature_state,
             max_unconsumed_bytes=max_unconsumed_bytes,
+            labels=dict(labels) if labels else None,
         )
         self.folder.write_bytes(CHANNEL_FILE, meta.to_json().encode())
         self._meta = meta

@@ -177,12 +177,22 @@ class ChannelMeta:
     """Version of the fitted feature state the rows were made with."""
     max_unconsumed_bytes: int | None = None
     """Backpressure: the writer waits while consumers have more than this left to read."""
+    labels: dict[str, str] | None = None
+    """How the rows were labelled: ``strategy`` (``window``: a row leaves once its label is
+    final; ``immediate``: every event at once as a negative, and again as a positive when its
+    label event comes, which a trainer corrects for) and the label ``window``. None: unlabelled,
+    or written before channels said (read as ``window``)."""
     created_at: str = field(default_factory=_now)
     format: int = FORMAT_VERSION
 
     @property
     def fingerprint(self) -> str:
         return schema_fingerprint(self.schema)
+
+    @property
+    def label_strategy(self) -> str:
+        """``immediate`` or ``window`` (the default, and what older channels hold)."""
+        return (self.labels or {}).get("strategy", "window")
 
     def to_json(self) -> str:
         data = asdict(self)
