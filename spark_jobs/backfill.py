@@ -21,7 +21,7 @@ from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.handoff import Channel
 from flow.pipeline.model import BackfillStage, HandoffOutput, LabelJoin, Pipeline
-from flow.pipeline.sources import DeltaSource, IcebergSource, TableSource
+from flow.pipeline.sources import PRODUCED_AT, DeltaSource, IcebergSource, TableSource
 from flow.pipeline.state import FeatureState
 from spark_jobs.features import fit_state, training_rows
 from spark_jobs.handoff import export
@@ -124,6 +124,8 @@ class BackfillRun(StageRun[BackfillStage]):
         rows, self.report.events_input, self.report.events_dead = self._validated(
             read.df, self.events, self.stage.events
         )
+        if PRODUCED_AT not in rows.columns:  # a table row has no production time of its own
+            rows = rows.withColumn(PRODUCED_AT, F.lit(None).cast("timestamp"))
         self.progress(
             f"{self.stage.name}: read {self.report.events_input:,} {self.stage.events} rows "
             f"from {read.table}"
@@ -135,6 +137,7 @@ class BackfillRun(StageRun[BackfillStage]):
         source = _table_source(self.pipeline, label.source)
         read = read_table(self.spark, self.stack, source)
         self.report.lineage[f"{label.source}.snapshot_id"] = read.snapshot_id
+        self.report.lineage["label_strategy"] = "window"  # every label is known in a backfill
         labels, self.report.labels_input, self.report.labels_dead = self._validated(
             read.df, source, label.source
         )
@@ -183,8 +186,14 @@ class BackfillRun(StageRun[BackfillStage]):
             return
         training = training.persist()
         count = positives(training)
+        label = self.stage.label
         options = export_options(
-            self.pipeline, self.stage.features, state, self.events.event_time, seed=batch_id
+            self.pipeline,
+            self.stage.features,
+            state,
+            self.events.event_time,
+            seed=batch_id,
+            labels=label.channel_labels(streaming=False) if label else None,
         )
         commit = export(
             training,

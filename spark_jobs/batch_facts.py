@@ -70,12 +70,13 @@ def _metric(node: Any, name: str) -> int:
     return int(metrics.apply(name).value()) if metrics.contains(name) else 0
 
 
-def dropped_rows(spark: SparkSession, query_name: str, is_label_keys: Any) -> Dropped:
+def dropped_rows(spark: SparkSession, query_name: str, kind_of_keys: Any) -> Dropped:
     """What the stateful operators of the running batch of ``query_name`` dropped so far.
 
     Call it from the query's ``foreachBatch`` after the batch was materialized (persisted and
-    counted), so every task has reported. ``is_label_keys(text)`` tells a deduplication of
-    labels from one of events by its keys' text.
+    counted), so every task has reported. ``kind_of_keys(text)`` names whose repeats a
+    deduplication drops by its keys' text: ``events``, ``labels``, or ``again`` for a branch
+    that sees events another branch counts already (its drops, late ones too, are left out).
     """
     query = next((q for q in spark.streams.active if q.name == query_name), None)
     if query is None:
@@ -86,11 +87,20 @@ def dropped_rows(spark: SparkSession, query_name: str, is_label_keys: Any) -> Dr
     while pending:
         node = pending.pop()
         pending.extend(_children(node))
-        found.late += _metric(node, "numRowsDroppedByWatermark")
+        late = _metric(node, "numRowsDroppedByWatermark")
         duplicates = _metric(node, "numDroppedDuplicateRows")
-        if duplicates:
-            if is_label_keys(str(node.keyExpressions())):
-                found.duplicate_labels += duplicates
-            else:
-                found.duplicate_events += duplicates
+        if not late and not duplicates:
+            continue
+        kind = kind_of_keys(str(node.keyExpressions())) if duplicates or _is_dedup(node) else ""
+        if kind == "again":
+            continue
+        found.late += late
+        if kind == "labels":
+            found.duplicate_labels += duplicates
+        else:
+            found.duplicate_events += duplicates
     return found
+
+
+def _is_dedup(node: Any) -> bool:
+    return "Deduplicate" in str(node.nodeName())

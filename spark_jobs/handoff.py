@@ -68,6 +68,8 @@ class ExportOptions:
     layout: Mapping[str, Any] | None = None
     feature_state: str | None = None
     max_unconsumed_bytes: int | None = None
+    labels: Mapping[str, str] | None = None
+    """How the rows were labelled (ChannelMeta.labels)."""
     tasks: int | None = None
     """Writer tasks (default: min(buckets, 2 x Spark's parallelism))."""
 
@@ -282,6 +284,7 @@ def export(
         layout=options.layout,
         feature_state=options.feature_state,
         max_unconsumed_bytes=options.max_unconsumed_bytes,
+        labels=options.labels,
     )
     channel.reopen()
     waited = channel.wait_for_room(progress)

@@ -6,11 +6,21 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from flow.pipeline.model import Enrich, LabelJoin
+from flow.pipeline.sources import PRODUCED_AT
 
-__all__ = ["deduplicated", "enrich", "is_label_dedup", "label_batch", "label_stream"]
+__all__ = [
+    "dedup_kind",
+    "deduplicated",
+    "enrich",
+    "label_batch",
+    "label_stream",
+    "label_stream_immediate",
+]
 
 _KEY = "_label_key"
 _TIME = "_label_ts"
+_PRODUCED = "_label_produced_at"
+_AGAIN = "_label_again_key"
 
 
 def _window_condition(label: LabelJoin, event_time: str) -> Column:
@@ -45,6 +55,32 @@ def label_batch(
     )
 
 
+def _matches(
+    labels: DataFrame, label: LabelJoin, label_event_time: str, watermark: str
+) -> DataFrame:
+    """The label events as (key, time, when produced), watermarked, the first per key kept."""
+    produced = (
+        F.col(PRODUCED_AT) if PRODUCED_AT in labels.columns else F.lit(None).cast("timestamp")
+    )
+    return (
+        labels.select(
+            F.col(label.key).alias(_KEY),
+            F.col(label_event_time).alias(_TIME),
+            produced.alias(_PRODUCED),
+        )
+        .withWatermark(_TIME, watermark)
+        .dropDuplicatesWithinWatermark([_KEY])
+    )
+
+
+def _event_columns(events: DataFrame) -> list[Column]:
+    """The events' columns; a row a label event completed was produced when that was."""
+    return [
+        F.greatest(F.col(c), F.col(_PRODUCED)).alias(c) if c == PRODUCED_AT else F.col(c)
+        for c in events.columns
+    ]
+
+
 def label_stream(
     events: DataFrame,
     labels: DataFrame,
@@ -56,17 +92,13 @@ def label_stream(
     *,
     event_key: str | None = None,
 ) -> DataFrame:
-    """The streaming label join: a left outer stream-stream join bounded by watermarks.
+    """The ``window`` strategy: a left outer stream-stream join bounded by watermarks.
 
     A positive is emitted when its label event arrives; a negative once the watermark passes the
     end of its window. Duplicate label events for one key are dropped within the watermark, so
     an event is never emitted twice; with ``event_key``, repeated events are dropped too.
     """
-    matches = (
-        labels.select(F.col(label.key).alias(_KEY), F.col(label_event_time).alias(_TIME))
-        .withWatermark(_TIME, label_watermark)
-        .dropDuplicatesWithinWatermark([_KEY])
-    )
+    matches = _matches(labels, label, label_event_time, label_watermark)
     watermarked = deduplicated(events, event_time, event_watermark, event_key)
     joined = watermarked.join(
         matches,
@@ -74,10 +106,49 @@ def label_stream(
         "leftOuter",
     )
     return joined.select(
-        *[F.col(c) for c in events.columns],
+        *_event_columns(events),
         F.col(_KEY).isNotNull().cast("double").alias(label.label),
         F.col(_TIME).alias(label.label_time),
     )
+
+
+def label_stream_immediate(
+    events: DataFrame,
+    labels: DataFrame,
+    label: LabelJoin,
+    event_time: str,
+    event_watermark: str,
+    label_event_time: str,
+    label_watermark: str,
+    *,
+    event_key: str | None = None,
+) -> DataFrame:
+    """The ``immediate`` strategy: every event at once as a negative, and again as a positive
+    when its label event arrives within the window (an inner stream-stream join).
+
+    The events are read twice, once per branch; each branch drops repeated events within the
+    watermark by itself. The positive branch deduplicates on a key of its own name
+    (:func:`dedup_kind` tells its drops apart), so repeats and late events are counted once, by
+    the negative branch, which sees every event.
+    """
+    negatives = deduplicated(events, event_time, event_watermark, event_key).select(
+        *[F.col(c) for c in events.columns],
+        F.lit(0.0).alias(label.label),
+        F.lit(None).cast("timestamp").alias(label.label_time),
+    )
+    again = events.withColumn(_AGAIN, F.col(event_key or label.key))
+    candidates = deduplicated(again, event_time, event_watermark, _AGAIN)
+    joined = candidates.join(
+        _matches(labels, label, label_event_time, label_watermark),
+        (F.col(label.key) == F.col(_KEY)) & _window_condition(label, event_time),
+        "inner",
+    )
+    positives = joined.select(
+        *_event_columns(events),
+        F.lit(1.0).alias(label.label),
+        F.col(_TIME).alias(label.label_time),
+    )
+    return negatives.unionByName(positives)
 
 
 def deduplicated(events: DataFrame, event_time: str, watermark: str, key: str | None) -> DataFrame:
@@ -86,9 +157,13 @@ def deduplicated(events: DataFrame, event_time: str, watermark: str, key: str | 
     return watermarked.dropDuplicatesWithinWatermark([key]) if key else watermarked
 
 
-def is_label_dedup(key_names: str) -> bool:
-    """Whether a deduplication operator's keys are the label side's (for counting its drops)."""
-    return _KEY in key_names
+def dedup_kind(key_names: str) -> str:
+    """Whose repeats a deduplication operator drops, by its keys' text: ``labels``, ``events``,
+    or ``again`` (the immediate strategy's positive branch: every event it sees, the negative
+    branch saw and counted too)."""
+    if _AGAIN in key_names:
+        return "again"
+    return "labels" if _KEY in key_names else "events"
 
 
 def enrich(events: DataFrame, dimension: DataFrame, spec: Enrich) -> DataFrame:

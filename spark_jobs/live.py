@@ -43,12 +43,12 @@ from flow.config import StackConfig
 from flow.errors import ConfigError, FlowError
 from flow.pipeline.model import LiveStage, Pipeline
 from flow.pipeline.run import RunOptions
-from flow.pipeline.sources import KafkaSource
+from flow.pipeline.sources import PRODUCED_AT, KafkaSource
 from flow.pipeline.state import FeatureState
 from flow.storage import namespace_locations
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
-from spark_jobs.joins import deduplicated, label_stream
+from spark_jobs.joins import deduplicated, label_stream, label_stream_immediate
 from spark_jobs.live_writers import KIND, StreamWriter, record_column
 from spark_jobs.outputs import TrainingSink, training_sink
 from spark_jobs.report import StageReport
@@ -297,6 +297,8 @@ class LiveRun(StageRun[LiveStage]):
         folder = Path(where.child(pipeline.name, stage.name).path)
         writer = _writer_id(folder, pipeline, stage, marker=f"{QUERY}-writer-id")
         self.report.lineage["writer"] = writer
+        if stage.label is not None:  # an MLflow tag: which labels the channel's rows carry
+            self.report.lineage["label_strategy"] = stage.label.strategy
         checkpoint = folder / QUERY
         training = training_sink(
             self.spark,
@@ -350,8 +352,11 @@ class LiveRun(StageRun[LiveStage]):
         return rows.unionByName(records, allowMissingColumns=True)
 
     def _valid(self, parsed: DataFrame, source: KafkaSource) -> DataFrame:
+        """A source's valid records as its fields, and when each was produced (PRODUCED_AT)."""
         valid = parsed.where(F.col(REASON) == "")
-        return valid.select(*[f.name for f in source.fields])
+        names = [f.name for f in source.fields]
+        produced = [] if PRODUCED_AT in names else [F.col("kafka_timestamp").alias(PRODUCED_AT)]
+        return valid.select(*names, *produced)
 
     def labelled_frame(self, parsed: dict[str, DataFrame]) -> DataFrame:
         """The valid events, deduplicated by their key and joined in the stream with their
@@ -362,7 +367,8 @@ class LiveRun(StageRun[LiveStage]):
         if self.labels is None:
             return deduplicated(rows, events.event_time, events.watermark, key) if key else rows
         label, source = self.labels
-        return label_stream(
+        join = label_stream_immediate if label.strategy == "immediate" else label_stream
+        return join(
             rows,
             self._valid(parsed[label.source], source),
             label,
@@ -437,11 +443,17 @@ class LiveRun(StageRun[LiveStage]):
             report.labels_input = outcome("input", labels)
             report.labels_dead = outcome("invalid", labels) + outcome("late", labels)
             late += outcome("late", labels)
+        immediate = stage.label is not None and stage.label.strategy == "immediate"
+        if immediate:  # each positive is an event's second row: its first left as a negative
+            report.relabelled = report.positives
         report.pending = (
-            report.events_input - report.events_dead - report.duplicates - report.training_rows
+            report.events_input
+            - report.events_dead
+            - report.duplicates
+            - (report.training_rows - report.relabelled)
         )
-        if not stage.label:
-            report.pending_bound = 0  # nothing waits for a window without a label join
+        if not stage.label or immediate:
+            report.pending_bound = 0  # nothing waits for a window
         elif watch.state_rows is not None:
             report.pending_bound = watch.state_rows
         report.batches = watch.batches
@@ -453,10 +465,15 @@ class LiveRun(StageRun[LiveStage]):
             "state_rows": float(watch.state_rows or 0),
             "restarts": float(watch.restarts),
         }
+        waiting = (
+            f"{report.relabelled:,} emitted again as positives (immediate labels)"
+            if immediate
+            else f"{report.pending:,} pending in the label window"
+        )
         return self.finish(
             f"{stage.name}: {report.training_rows:,} training rows, {report.events_dead:,} dead "
-            f"letters ({late:,} late), {report.duplicates:,} duplicates, {report.pending:,} "
-            "pending in the label window (since the checkpoint began)"
+            f"letters ({late:,} late), {report.duplicates:,} duplicates, {waiting} (since the "
+            "checkpoint began)"
         )
 
 

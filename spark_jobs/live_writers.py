@@ -27,7 +27,7 @@ from flow.pipeline.sources import KafkaSource
 from spark_jobs.batch_facts import Dropped, dropped_rows, late_threshold_ms
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
-from spark_jobs.joins import is_label_dedup
+from spark_jobs.joins import dedup_kind
 from spark_jobs.outputs import TrainingSink
 from spark_jobs.rows import split_unusable
 from spark_jobs.sinks import BatchLedger, dead_letter_rows
@@ -100,7 +100,7 @@ class StreamWriter:
         # Every action on `batch` would run the stateful operators again: compute it once.
         batch = batch.persist()
         batch.count()  # materialized: the operators' metrics for this batch are final now
-        dropped = dropped_rows(self.spark, self.query_name, is_label_dedup)
+        dropped = dropped_rows(self.spark, self.query_name, dedup_kind)
         records = self._records(batch, late_threshold_ms(self.checkpoint, batch_id))
         counts = self._counts(records, dropped)
         rows = batch.where(F.col(KIND) == "row").drop(KIND, RECORD)

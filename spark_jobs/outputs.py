@@ -74,8 +74,14 @@ class _HandoffSink:
     def append(self, rows: DataFrame, batch_id: int, positives: int) -> None:
         if batch_id <= self.last:
             return
+        label = self.stage.label
         options = export_options(
-            self.pipeline, self.stage.features, self.state, self.event_time, seed=batch_id
+            self.pipeline,
+            self.stage.features,
+            self.state,
+            self.event_time,
+            seed=batch_id,
+            labels=label.channel_labels(streaming=True) if label else None,
         )
         export(
             rows,

@@ -30,6 +30,9 @@ class StageReport:
     labels_input: int = 0
     labels_dead: int = 0
     positives: int = 0
+    relabelled: int = 0
+    """Live, ``immediate`` labels: rows that emit an event again as a positive (its first row,
+    a negative, left at once); they are training rows but not further events."""
     feature_state: str = ""
     seconds: float = 0.0
     batches: int = 0
@@ -46,9 +49,9 @@ class StageReport:
         In a stream, ``pending`` is what the durable counts leave over; it must be non-negative
         (nothing written twice) and no more than the join's state holds (nothing lost).
         """
+        events_out = self.training_rows - self.relabelled
         balanced = (
-            self.events_input
-            == self.training_rows + self.events_dead + self.duplicates + self.pending
+            self.events_input == events_out + self.events_dead + self.duplicates + self.pending
         )
         bounded = self.pending_bound is None or self.pending <= self.pending_bound
         return self.pending >= 0 and balanced and bounded
@@ -63,6 +66,7 @@ class StageReport:
             "labels_in": float(self.labels_input),
             "labels_dead_letters": float(self.labels_dead),
             "positives": float(self.positives),
+            "relabelled": float(self.relabelled),
             "pending": float(self.pending),
             "duplicates": float(self.duplicates),
             "rows_in_per_s": rate,

@@ -3,6 +3,8 @@ becomes a training row."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -43,9 +45,15 @@ def channel_for(stack: StackConfig, pipeline: Pipeline, channel: str) -> Channel
 
 
 def export_options(
-    pipeline: Pipeline, spec: FeatureSpec, state: FeatureState, event_time: str | None, seed: int
+    pipeline: Pipeline,
+    spec: FeatureSpec,
+    state: FeatureState,
+    event_time: str | None,
+    seed: int,
+    labels: Mapping[str, str] | None = None,
 ) -> ExportOptions:
-    """How a stage's training rows become shards: the pipeline's output, the spec's layout."""
+    """How a stage's training rows become shards: the pipeline's output, the spec's layout and
+    how its rows were ``labels``-ed (LabelJoin.channel_labels)."""
     output = pipeline.output
     if not isinstance(output, HandoffOutput):
         raise TypeError("the pipeline writes Iceberg tables, not the handoff")
@@ -64,6 +72,7 @@ def export_options(
         layout=rows.to_dict(),
         feature_state=state.version,
         max_unconsumed_bytes=output.max_unconsumed_bytes,
+        labels=labels,
     )
 
 

@@ -182,6 +182,13 @@ class Channel:
                 raise HandoffError(
                     f"channel {self.name!r} has {meta.num_buckets} buckets, not {num_buckets}"
                 )
+            strategy = (labels or {}).get("strategy", "window")
+            if labels is not None and strategy != meta.label_strategy:
+                raise HandoffError(
+                    f"channel {self.name!r} in {self.root} holds rows labelled "
+                    f"{meta.label_strategy!r}, not {strategy!r} (a trainer corrects the two "
+                    "differently); write to a new channel or keep LabelJoin.strategy"
+                )
             return meta
         codec(compression, compression_level)  # a bad codec or level fails before any write
         meta = ChannelMeta(

@@ -34,10 +34,11 @@ from flow.pipeline.model import (
 )
 from flow.pipeline.run import RunOptions, run_main
 from flow.pipeline.schema import Field
-from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
+from flow.pipeline.sources import PRODUCED_AT, DeltaSource, IcebergSource, KafkaSource, Source
 from flow.pipeline.state import FeatureState, Layout, layout
 
 __all__ = [
+    "PRODUCED_AT",
     "BackfillStage",
     "Bucketized",
     "Cross",

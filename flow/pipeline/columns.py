@@ -20,7 +20,13 @@ from flow.pipeline.features import (
     feature_name,
 )
 from flow.pipeline.schema import Field, did_you_mean
-from flow.pipeline.sources import DeltaSource, IcebergSource, KafkaSource, Source
+from flow.pipeline.sources import (
+    PRODUCED_AT,
+    DeltaSource,
+    IcebergSource,
+    KafkaSource,
+    Source,
+)
 
 if TYPE_CHECKING:
     from flow.pipeline.model import Stage
@@ -46,6 +52,9 @@ def stage_columns(stage: Stage, source: SourceLookup) -> dict[str, Field]:
         )
     available: dict[str, Field] = {f.name: f for f in events.fields}
     origin = dict.fromkeys(available, stage.events)
+    if PRODUCED_AT not in available:
+        available[PRODUCED_AT] = Field(PRODUCED_AT, "timestamp")
+        origin[PRODUCED_AT] = "the stage (the Kafka record's time)"
 
     if stage.label is not None:
         label = stage.label

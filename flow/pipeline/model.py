@@ -30,6 +30,7 @@ from flow.pipeline.schema import (
 from flow.pipeline.sources import Source
 
 __all__ = [
+    "LABEL_STRATEGIES",
     "BackfillStage",
     "Enrich",
     "HandoffOutput",
@@ -42,13 +43,28 @@ __all__ = [
 ]
 
 
+LABEL_STRATEGIES = ("window", "immediate")
+"""When a live stage emits a labelled event: see :class:`LabelJoin`."""
+
+
 @dataclass(frozen=True)
 class LabelJoin(Definition):
     """Label each event by whether a matching event of ``source`` follows within ``window``.
 
-    An event with a match at event time in ``[t, t + window]`` gets ``label`` 1; one with none by
-    the time the window has passed (the watermark, in a stream) gets 0. Duplicate matches count
-    once. ``label_time`` holds the first match's time (null for negatives).
+    An event with a match at event time in ``[t, t + window]`` is a positive (``label`` 1);
+    duplicate matches count once, and ``label_time`` holds the first match's time (null for
+    negatives). A stream cannot know an event is a negative before its window has passed, so a
+    live stage chooses when to emit (``strategy``):
+
+    * ``window``: each event once, when its label is final: a positive when its match arrives,
+      a negative once the watermark passes the end of its window. Correct labels, but a row
+      waits the window plus the watermark delay before it can be trained on.
+    * ``immediate``: each event at once as a negative, and again as a positive (same key,
+      ``label_time`` set) when its match arrives within the window. Rows are fresh, and the
+      negatives are biased (every positive was first a "fake negative"): trainers correct for it
+      (the fake-negative weighted loss; the channel records the strategy, see docs/trainers.md).
+
+    A backfill sees every label already, so it always labels as ``window`` does.
     """
 
     source: str
@@ -56,12 +72,23 @@ class LabelJoin(Definition):
     window: str = "30 minutes"
     label: str = "label"
     label_time: str = "label_time"
+    strategy: Literal["window", "immediate"] = "window"
 
     def __post_init__(self) -> None:
         check_identifier(self.key, "LabelJoin.key")
         check_identifier(self.label, "LabelJoin.label")
         check_identifier(self.label_time, "LabelJoin.label_time")
         check_interval(self.window, "LabelJoin.window")
+        if self.strategy not in LABEL_STRATEGIES:
+            raise ConfigError(
+                f"LabelJoin.strategy={self.strategy!r} is not one of "
+                f"{', '.join(LABEL_STRATEGIES)}{did_you_mean(self.strategy, LABEL_STRATEGIES)}"
+            )
+
+    def channel_labels(self, streaming: bool) -> dict[str, str]:
+        """What a channel records about how its rows were labelled (ChannelMeta.labels)."""
+        strategy = self.strategy if streaming else "window"
+        return {"strategy": strategy, "window": self.window, "label": self.label}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from flow.pipeline.schema import (
     did_you_mean,
 )
 
-__all__ = ["DeltaSource", "IcebergSource", "KafkaSource", "Source", "TableSource"]
+__all__ = ["PRODUCED_AT", "DeltaSource", "IcebergSource", "KafkaSource", "Source", "TableSource"]
 
 
 def _fields(fields: tuple[Field, ...], owner: str) -> None:
@@ -49,6 +49,12 @@ def _range(
         raise ConfigError(f"{owner}: start/end filter on event time; set event_time too")
     if start and end and start >= end:
         raise ConfigError(f"{owner}: start {start} is not before end {end}")
+
+
+PRODUCED_AT = "produced_at"
+"""A column every stage's events have: when the record was produced, the Kafka record's
+timestamp in a live stage (null for table rows). Pass it through (FeatureSpec.passthrough) to
+measure freshness from production to training; a source field of that name takes its place."""
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,18 @@ def test_a_bad_codec_level_is_refused_before_anything_is_written(tmp_path: Path)
         assert made.compression_level == level
 
 
+def test_a_channel_keeps_how_its_rows_were_labelled(tmp_path: Path) -> None:
+    channel = Channel(str(tmp_path), "live")
+    channel.create(NUMBERED, num_buckets=2, labels={"strategy": "immediate", "window": "5 min"})
+    assert Channel(str(tmp_path), "live").meta().label_strategy == "immediate"
+    with pytest.raises(HandoffError, match=r"labelled 'immediate', not 'window'.*new channel"):
+        channel.create(NUMBERED, num_buckets=2, labels={"strategy": "window"})
+    channel.create(NUMBERED, num_buckets=2)  # a reader's check of an existing channel
+    older = Channel(str(tmp_path), "old")
+    older.create(NUMBERED, num_buckets=2)
+    assert older.meta().label_strategy == "window"  # channels that say nothing are final
+
+
 def test_wrong_schema_and_missing_channels_fail_before_the_first_batch(tmp_path: Path) -> None:
     Writer(tmp_path, "c").commit([10])
     expected = pa.schema([("id", pa.int64()), ("y", pa.float32())])

@@ -79,6 +79,7 @@ def test_a_valid_pipeline_knows_the_columns_each_stage_sees() -> None:
         "label",
         "label_time",
         "user_country",
+        "produced_at",  # every stage's: the Kafka record's time (null for table rows)
     }
 
 
@@ -201,7 +202,7 @@ def test_unknown_keyword_arguments_are_refused_not_ignored() -> None:
     with pytest.raises(
         ConfigError,
         match=r"^LabelJoin\(windw='5 minutes'\): LabelJoin has no field 'windw'; its fields: "
-        r"source, key, window, label, label_time; did you mean 'window'\?$",
+        r"source, key, window, label, label_time, strategy; did you mean 'window'\?$",
     ):
         LabelJoin("c", key="k", windw="5 minutes")  # type: ignore[call-arg]
 
@@ -452,3 +453,16 @@ def test_combining_pipelines_that_clash_says_how_to_rename() -> None:
         )
     with pytest.raises(ConfigError, match=r"got no pipelines to combine"):
         Pipeline.combine("none")
+
+
+def test_a_label_strategy_is_checked_and_recorded_for_the_channel() -> None:
+    with pytest.raises(ConfigError, match=r"strategy='imediate'.*did you mean 'immediate'"):
+        LabelJoin("clicks", key="id", strategy="imediate")  # type: ignore[arg-type]
+    fresh = LabelJoin("clicks", key="id", window="5 minutes", strategy="immediate")
+    assert fresh.channel_labels(streaming=True) == {
+        "strategy": "immediate",
+        "window": "5 minutes",
+        "label": "label",
+    }
+    # A backfill knows every label: its rows are final whatever the live stage emits.
+    assert fresh.channel_labels(streaming=False)["strategy"] == "window"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pytest
@@ -61,6 +61,7 @@ pytestmark = pytest.mark.integration
 # enough back that every event time the tests use (up to T0 + 90 min) is in the past.
 T0 = (datetime.now(UTC) - timedelta(hours=3)).replace(second=0, microsecond=0)
 TS = pa.timestamp("us", tz="UTC")
+LabelStrategy = Literal["window", "immediate"]
 IMPRESSIONS = (
     Field("id", "string", required=True),
     Field("user_id", "long", required=True),
@@ -93,7 +94,7 @@ def features() -> FeatureSpec:
             Cross(("user_country", "device"), buckets=64),
             Numeric("position", clip=(1, 50), log=True),
         ),
-        passthrough=("id", "user_segment"),
+        passthrough=("id", "user_segment", "label_time", "produced_at"),
     )
 
 
@@ -133,7 +134,7 @@ class Lake:
             schema,
         )
 
-    def pipeline(self, **live: Any) -> Pipeline:
+    def pipeline(self, strategy: LabelStrategy = "window", **live: Any) -> Pipeline:
         topic = f"{self.ns}.impressions"
         users = IcebergSource(f"{self.ns}.users", USERS)
         sources: dict[str, Source] = {
@@ -164,7 +165,7 @@ class Lake:
                 LiveStage(
                     "live",
                     events="impressions",
-                    label=LabelJoin("clicks", key="id", window="10 minutes"),
+                    label=LabelJoin("clicks", key="id", window="10 minutes", strategy=strategy),
                     enrich=enrich,
                     features=features(),
                     channel="live",
@@ -522,3 +523,74 @@ def test_a_live_stage_labels_late_clicks_sees_dimension_updates_and_reconciles(
         1,
     )
     assert resumed.reconciled
+
+
+def test_immediate_labels_emit_each_event_at_once_and_its_positive_when_the_click_comes(
+    spark: SparkSession, live_world: Lake
+) -> None:
+    world = live_world
+    pipeline = world.pipeline("immediate", trigger="1 second")
+    where = f"{world.stack.handoff}/{world.ns}"
+
+    def rows() -> list[dict[str, Any]]:
+        exists = Channel(where, "live").exists()
+        return handoff_rows(where, "live").to_pylist() if exists else []
+
+    def emitted() -> set[tuple[str, float]]:
+        return {(r["id"], r["label"]) for r in rows()}
+
+    run = LiveRun(spark, world, pipeline)
+    try:
+        world.send(
+            "impressions",
+            [
+                {"id": "e1", "user_id": 1, "ts": m(0), "position": 1, "device": "ios"},
+                {"id": "e2", "user_id": 2, "ts": m(1), "position": 2, "device": "web"},
+                {"id": "e3", "user_id": 3, "ts": m(2), "position": 3, "device": "android"},
+                {"id": "e1", "user_id": 1, "ts": m(0), "position": 1, "device": "ios"},  # again
+                {"id": "b1", "ts": m(2), "position": 1},  # no user_id: a dead letter
+            ],
+        )
+        # No click yet, and the watermark far from the ends of their windows: the window
+        # strategy would hold all three; this one emits them now, as negatives.
+        wait_for(lambda: {("e1", 0.0), ("e2", 0.0), ("e3", 0.0)} <= emitted(), "the negatives")
+        world.send(
+            "clicks",
+            [
+                {"id": "e1", "ts": m(0.5)},
+                {"id": "e3", "ts": m(5)},
+                {"id": "e3", "ts": m(6)},  # a second click counts once
+                {"id": "e2", "ts": m(13)},  # after e2's 10-minute window: no positive
+            ],
+        )
+        wait_for(lambda: {("e1", 1.0), ("e3", 1.0)} <= emitted(), "the positives")
+        world.send(
+            "impressions", [{"id": "e9", "user_id": 4, "ts": m(40), "position": 1, "device": "web"}]
+        )
+        world.send("clicks", [{"id": "nobody", "ts": m(40)}])  # moves the watermark past e2's
+        wait_for(lambda: ("e9", 0.0) in emitted(), "e9")
+    finally:
+        report = run.finish()
+
+    found = rows()
+    assert sorted((r["id"], r["label"]) for r in found) == [
+        ("e1", 0.0),
+        ("e1", 1.0),
+        ("e2", 0.0),
+        ("e3", 0.0),
+        ("e3", 1.0),
+        ("e9", 0.0),
+    ]
+    by_kind = {(r["id"], r["label"]): r for r in found}
+    assert by_kind[("e1", 1.0)]["label_time"] == m(0.5)
+    assert by_kind[("e3", 1.0)]["label_time"] == m(5)
+    assert all(r["label_time"] is None for r in found if r["label"] == 0.0)
+    # Produced: the Kafka record's time; a positive's is its click's, after its impression's.
+    assert all(r["produced_at"] is not None for r in found)
+    assert by_kind[("e1", 1.0)]["produced_at"] > by_kind[("e1", 0.0)]["produced_at"]
+    assert Channel(where, "live").meta().label_strategy == "immediate"
+    assert (report.events_input, report.events_dead, report.duplicates) == (6, 1, 1)
+    assert (report.training_rows, report.positives, report.relabelled) == (6, 2, 2)
+    assert report.pending == 0  # nothing waits for a window
+    assert report.reconciled
+    assert report.lineage["label_strategy"] == "immediate"

@@ -1,0 +1,51 @@
+"""A channel's freshness at commit time, read from its shards and commit records."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from flow.handoff import Channel
+from flow.handoff.format import Commit
+from flow.insight.freshness import channel_freshness, lag_quantiles
+
+TS = pa.timestamp("us", tz="UTC")
+SCHEMA = pa.schema([("label", pa.float32()), ("ts", TS), ("produced_at", TS)])
+
+
+def test_lags_run_from_production_and_from_the_event_to_each_rows_commit(tmp_path: Path) -> None:
+    channel = Channel(str(tmp_path), "live")
+    channel.create(SCHEMA, num_buckets=1)
+    committed = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+    batches: list[list[float | None]] = [[1.0, 2.0, 3.0], [10.0, None]]
+    for batch, lags in enumerate(batches):
+        at = committed + timedelta(minutes=batch)
+        rows = pa.table(
+            {
+                "label": [1.0, 0.0, 0.0][: len(lags)],
+                "ts": [at - timedelta(seconds=60 + (lag or 0)) for lag in lags],
+                # A table row (a backfill's) has no production time.
+                "produced_at": [
+                    None if lag is None else at - timedelta(seconds=lag) for lag in lags
+                ],
+            },
+            schema=SCHEMA,
+        )
+        shard = channel.write_bucket(batch, 0, rows, "t0")
+        channel.add_commit(
+            Commit("live", batch, (shard,), channel.meta().fingerprint, committed_at=at.isoformat())
+        )
+    found = channel_freshness(str(tmp_path), "live")
+    assert (found.rows, found.commits, found.positives) == (5, 2, 2)
+    assert found.produced_to_committed["max"] == 10.0
+    assert found.produced_to_committed["p50"] == 2.5  # of 1, 2, 3, 10
+    assert found.event_to_committed["p50"] == 62.0  # of 61, 62, 63, 70, 60
+    later = channel_freshness(str(tmp_path), "live", since=committed + timedelta(seconds=30))
+    assert (later.rows, later.produced_to_committed["max"]) == (2, 10.0)
+
+
+def test_no_lags_without_rows() -> None:
+    assert lag_quantiles(np.array([])) == {}
