@@ -6,6 +6,8 @@ produce the same training-row layout from one fitted feature state.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from flow.pipeline import (
     Bucketized,
     Cross,
@@ -71,9 +73,10 @@ def enrichment() -> tuple[Enrich, ...]:
     )
 
 
-def label_join() -> LabelJoin:
-    """A click within 30 minutes of its impression makes a positive."""
-    return LabelJoin("clicks", key="impression_id", window="30 minutes")
+def label_join(strategy: Literal["window", "immediate"] = "window") -> LabelJoin:
+    """A click within 30 minutes of its impression makes a positive; a live stage emits each
+    impression when its label is final (``window``) or at once (``immediate``, see LabelJoin)."""
+    return LabelJoin("clicks", key="impression_id", window="30 minutes", strategy=strategy)
 
 
 def ctr_features() -> FeatureSpec:
@@ -98,5 +101,5 @@ def ctr_features() -> FeatureSpec:
             HashedSequence("user_recent_items", max_length=10, buckets=1 << 16),
         ),
         label="label",
-        passthrough=("ts", "label_time", "impression_id"),
+        passthrough=("ts", "label_time", "impression_id", "produced_at"),
     )

@@ -12,21 +12,33 @@ in micro-batches of at most ``max_records_per_batch`` impressions, each a commit
 
 from __future__ import annotations
 
+from typing import Literal
+
 from flow.pipeline import Pipeline, run_main
 from pipelines.ctr import NAMESPACE
 from pipelines.ctr_backfill import ctr_backfill
 from pipelines.ctr_streaming import ctr_streaming
 
 
-def ctr_demo(namespace: str = NAMESPACE, max_records_per_batch: int = 5_000) -> Pipeline:
-    """The two CTR pipelines as one: the backfill's stage, then the live one (micro-batches every
-    2 seconds). Both call their events "impressions" and their labels "clicks", so the
-    history's are renamed; the dimension tables they share are one source each."""
+def ctr_demo(
+    namespace: str = NAMESPACE,
+    max_records_per_batch: int = 5_000,
+    trigger: str = "2 seconds",
+    label_strategy: Literal["window", "immediate"] = "immediate",
+) -> Pipeline:
+    """The two CTR pipelines as one: the backfill's stage, then the live one (a micro-batch every
+    ``trigger``, each impression emitted at once and again when its click comes: fresh rows,
+    whose bias the trainer corrects). Both call their events "impressions" and their labels
+    "clicks", so the history's are renamed; the dimension tables they share are one source
+    each."""
     history = ctr_backfill(namespace).renamed(
         sources={"impressions": "history", "clicks": "history_clicks"}
     )
     live = ctr_streaming(
-        namespace, max_records_per_batch=max_records_per_batch, trigger="2 seconds"
+        namespace,
+        max_records_per_batch=max_records_per_batch,
+        trigger=trigger,
+        label_strategy=label_strategy,
     )
     return Pipeline.combine("ctr_demo", history, live)
 
@@ -37,5 +49,8 @@ if __name__ == "__main__":
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--namespace", default=NAMESPACE)
     own.add_argument("--max-records-per-batch", type=int, default=5_000)
+    own.add_argument("--trigger", default="2 seconds")
+    own.add_argument("--label-strategy", choices=("window", "immediate"), default="immediate")
     args, rest = own.parse_known_args()
-    run_main(ctr_demo(args.namespace, args.max_records_per_batch), argv=rest)
+    demo = ctr_demo(args.namespace, args.max_records_per_batch, args.trigger, args.label_strategy)
+    run_main(demo, argv=rest)

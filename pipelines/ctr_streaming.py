@@ -9,6 +9,8 @@ Needs the feature state the backfill fitted (run pipelines/ctr_backfill.py first
 
 from __future__ import annotations
 
+from typing import Literal
+
 from flow.pipeline import KafkaSource, LiveStage, Pipeline, run_main
 from pipelines.ctr import (
     CLICK_FIELDS,
@@ -25,10 +27,11 @@ def ctr_streaming(
     namespace: str = NAMESPACE,
     max_records_per_batch: int | None = None,
     trigger: str = "10 seconds",
+    label_strategy: Literal["window", "immediate"] = "window",
 ) -> Pipeline:
     """``max_records_per_batch`` caps impressions per micro-batch (a backlog is worked off in
     steps rather than one huge batch); ``trigger`` is the micro-batch interval of continuous
-    runs."""
+    runs; ``label_strategy`` says when an impression is emitted (LabelJoin.strategy)."""
     return Pipeline(
         name="ctr_streaming",
         namespace=namespace,
@@ -49,7 +52,7 @@ def ctr_streaming(
             LiveStage(
                 name="live",
                 events="impressions",
-                label=label_join(),
+                label=label_join(label_strategy),
                 enrich=enrichment(),
                 features=ctr_features(),
                 channel="live",
