@@ -60,9 +60,11 @@ def logistic_auc(
 def test_backfill_then_streaming_produce_learnable_reconciled_rows(
     running_stack: StackConfig, stack_env: dict[str, str]
 ) -> None:
-    # Event times relative to today: the live source dead-letters events more than
-    # KafkaSource.max_past (30 days) before the processing time, so fixed dates would age out.
-    base = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    # Event times relative to now: the live source dead-letters events more than 30 days
+    # before the processing time (KafkaSource.max_past) or 10 minutes after it (max_future).
+    # The stream ends 2 hours ago, so that its latest clicks (late ones come up to 90 minutes
+    # after their impression) are in the past too.
+    base = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=5)
     history = write_history(
         running_stack,
         SyntheticWorld(seed=21, users=3000, items=600),
