@@ -39,6 +39,7 @@ from flow.storage import namespace_locations
 
 __all__ = [
     "MODEL_NAMES",
+    "DelayedFeedback",
     "ModelConfig",
     "ModelName",
     "OptimConfig",
@@ -53,6 +54,10 @@ ModelName = Literal["deepfm", "dlrm", "wide_deep"]
 MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
 OptimizerKind = Literal["adam", "adagrad", "sgd"]
 ShuffleOn = Literal["auto", "host", "device"]
+DelayedFeedback = Literal["auto", "fnw", "off"]
+"""How the trainer corrects labels that arrive late (see ``TrainConfig.delayed_feedback``)."""
+ROW_BLOCKS = ("label", "weight", "dense", "sparse")
+"""Training-row columns a model or its loss reads (with ``seq_*``): never a metrics-only column."""
 
 
 def _alias(*names: str) -> Any:
@@ -225,7 +230,26 @@ class TrainConfig:
     register_as: str | None = None
     """Register the model under this name."""
     event_time: str | None = None
-    """A timestamp column of the rows, for freshness (event -> training step)."""
+    """A timestamp column of the rows, for freshness (event -> training step) and the
+    progressive metrics per event-time window."""
+    produced_time: str | None = "produced_at"
+    """A timestamp column saying when a row was produced (the Kafka record's timestamp), for
+    freshness produced -> training step; rows where it is null (backfill) are left out, and a
+    channel without the column has no such figure. None: not read."""
+    delayed_feedback: DelayedFeedback = "auto"
+    """The correction for channels labelled ``immediate`` (every impression at once as a
+    negative, again as a positive when its click comes): ``auto``: the fake-negative weighted
+    loss (FNW, Ktena et al. 2019) on exactly those channels, plain cross-entropy on the rest;
+    ``fnw``: FNW on every channel; ``off``: plain cross-entropy everywhere (on an immediate
+    channel it learns p/(1+p), not the click rate p)."""
+    oracle: str | None = None
+    """A column holding each row's true click probability (synthetic data only, e.g.
+    ``p_click``): progressive and evaluation metrics add ``oracle_auc`` and ``oracle_logloss``
+    over the same rows and labels as the model's. Read for metrics only, never a model input;
+    rows where it is null are left out of the oracle figures and counted (``oracle_missing``)."""
+    metrics_window_s: float = 3600.0
+    """Progressive metrics also per event-time window of this many seconds, per channel, over
+    rows seen for the first time (needs ``event_time``); 0: none."""
     after_commit: int = -1
     """Read only the commits after this batch id (incremental retraining)."""
     holdout_share: float = 0.0
@@ -263,6 +287,27 @@ class TrainConfig:
             raise ConfigError(f"--reader-threads {self.reader_threads}: give 1 or more")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
+        self._check_metrics_settings()
+
+    def _check_metrics_settings(self) -> None:
+        if self.delayed_feedback not in get_args(DelayedFeedback):
+            raise ConfigError(f"--delayed-feedback {self.delayed_feedback!r}: use auto, fnw or off")
+        if not (math.isfinite(self.metrics_window_s) and self.metrics_window_s >= 0):
+            raise ConfigError(
+                f"--metrics-window-s {self.metrics_window_s}: give seconds >= 0 (0: no windows)"
+            )
+        for flag, column in (
+            ("--oracle", self.oracle),
+            ("--produced-time", self.produced_time),
+            ("--event-time", self.event_time),
+        ):
+            if column is not None and (
+                column in ROW_BLOCKS or column.startswith("seq_") or not column
+            ):
+                raise ConfigError(
+                    f"{flag} {column!r} names a column the model or its loss reads; name a "
+                    "column of its own"
+                )
 
     @property
     def location(self) -> str:

@@ -39,6 +39,13 @@ def _train(argv: list[str]) -> int:
             name: {"p50": result.freshness(0.5, name), "p99": result.freshness(0.99, name)}
             for name in result.freshness_s
         },
+        "freshness_produced_s": {
+            name: {
+                "p50": result.freshness(0.5, name, since="produced"),
+                "p99": result.freshness(0.99, name, since="produced"),
+            }
+            for name in result.freshness_produced_s
+        },
     }
     if config.result_file is not None and result.leader:
         config.result_file.write_text(json.dumps(summary, indent=2, default=str))

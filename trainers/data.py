@@ -5,6 +5,10 @@ buffer: it becomes a ``[batch, width]`` tensor over that buffer, no copy. Number
 tensors the same way; timestamps become int64 microseconds. Strings are left out (a trainer has
 no use for them).
 
+Columns read for metrics only (event and production times, an oracle's probabilities) may have
+nulls, which a tensor view cannot say: :func:`timestamps_us` and :func:`probabilities` copy them
+into numpy arrays with a marker for a null (``NO_TIME``, NaN).
+
 The tensors are read-only views of memory the reader owns until the next batch: a trainer moves
 them to the GPU (or copies them) before asking for another.
 """
@@ -22,7 +26,17 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from flow.errors import ConfigError
 
-__all__ = ["HandoffDataset", "pack_columns", "to_tensors"]
+__all__ = [
+    "NO_TIME",
+    "HandoffDataset",
+    "pack_columns",
+    "probabilities",
+    "timestamps_us",
+    "to_tensors",
+]
+
+NO_TIME = np.iinfo(np.int64).min
+"""What :func:`timestamps_us` gives for a null timestamp."""
 
 
 class _Reader(Protocol):
@@ -62,6 +76,37 @@ def _column(array: pa.Array) -> np.ndarray | None:
         values = array.cast(pa.int64()).to_numpy(zero_copy_only=array.null_count == 0)
     elif (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and not array.null_count:
         values = array.to_numpy(zero_copy_only=True)
+    return values
+
+
+def timestamps_us(array: pa.Array | pa.ChunkedArray, name: str) -> np.ndarray:
+    """A timestamp column as int64 microseconds since the epoch, ``NO_TIME`` where null (backfill
+    rows have no production time, for one), whatever the column's unit."""
+    if not pa.types.is_timestamp(array.type):
+        raise ConfigError(
+            f"column {name!r} is {array.type}, not a timestamp; name a timestamp column "
+            "(--event-time, --produced-time)"
+        )
+    micros = array.cast(pa.timestamp("us", tz=array.type.tz)).cast(pa.int64())
+    values: np.ndarray = micros.fill_null(NO_TIME).to_numpy()
+    return values
+
+
+def probabilities(array: pa.Array | pa.ChunkedArray, name: str) -> np.ndarray:
+    """A column of probabilities as float64, NaN where null; a value outside [0, 1] or a
+    column of another kind is an error naming the column."""
+    if not (pa.types.is_floating(array.type) or pa.types.is_integer(array.type)):
+        raise ConfigError(
+            f"--oracle {name!r}: the column is {array.type}; name a column of click "
+            "probabilities in [0, 1]"
+        )
+    values: np.ndarray = array.cast(pa.float64()).fill_null(np.nan).to_numpy()
+    outside = np.count_nonzero((values < 0) | (values > 1))
+    if outside:
+        raise ConfigError(
+            f"--oracle {name!r}: {outside} of {len(values)} values lie outside [0, 1]; name a "
+            "column of click probabilities"
+        )
     return values
 
 

@@ -9,12 +9,21 @@ Two ways to shuffle (``shuffle_on``):
   gathered there (``index_select`` with the window's permutation). The batches are the same
   rows in the same order as ``host`` gives, so seeds, every-row-once and cursors are unchanged;
   the host does sequential copies instead of a random gather (the reader's largest cost).
+  One window per channel stays on the device, so channels mixed batch by batch do not copy
+  their windows again at every switch.
 
 On CUDA a background thread does the host side ahead of the training loop (read, pin, start
 the copy on a side stream, gather) and hands over batches whose copy is under way; the compute
 stream waits on each batch's event only when it takes the batch. ``ahead`` batches are
 prepared at most. On CPU the work happens when the loop asks (the model already uses every
 core), unless ``ahead`` says otherwise.
+
+Each batch comes with its channel (a batch never mixes channels: each channel's reader cuts its
+own windows, a mixed reader draws whole batches; a window slice names its channel in its key),
+the reader's epoch (a row of epoch 1 or later is seen again), and the columns read for metrics
+only, on the host and never handed to the model: event and production times and an oracle's
+probabilities, nulls kept as markers. ``optional`` columns (the row ``weight``) join the tensors
+where a channel has them.
 
 Each batch comes with the reader's cursor *after* it, taken right after the reader produced
 it (on whichever thread pulls), so a checkpoint at any step resumes at the next batch, with
@@ -29,16 +38,17 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import numpy as np
 import pyarrow as pa
 import torch
 
 from flow.errors import ConfigError
 from flow.handoff import WindowSlice
-from trainers.data import pack_columns, to_tensors
+from trainers.data import pack_columns, probabilities, timestamps_us, to_tensors
 
 __all__ = ["Batch", "DeviceLoader", "ShuffleOn", "StallMeter"]
 
@@ -61,10 +71,17 @@ class Batch:
     rows: int
     wait_s: float
     """Seconds the trainer waited for this batch (reading, decoding, copying)."""
-    event_time_us: torch.Tensor | None = None
-    """Event times of the rows (microseconds since the epoch) when the channel has them."""
+    event_time_us: np.ndarray | None = None
+    """Event times of the rows (int64 microseconds since the epoch, ``data.NO_TIME`` where
+    null) when the channel has the column."""
     channel: str | None = None
     """The channel the batch came from (mixed readers say which)."""
+    epoch: int = 0
+    """The reader's epoch: rows of epoch 1 and later were trained on before."""
+    produced_us: np.ndarray | None = None
+    """When each row was produced (the Kafka record's time), like ``event_time_us``."""
+    oracle: np.ndarray | None = None
+    """Each row's true click probability (float64, NaN where null), for metrics only."""
     ready: torch.cuda.Event | None = None
     """Recorded on the copy stream after the batch's tensors were written (CUDA only)."""
     idle: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
@@ -127,7 +144,10 @@ class DeviceLoader:
         device: torch.device,
         columns: list[str],
         *,
+        optional: Sequence[str] = (),
         event_time: str | None = None,
+        produced_time: str | None = None,
+        oracle: str | None = None,
         shuffle_on: ShuffleOn = "host",
         ahead: int | None = None,
     ) -> None:
@@ -136,36 +156,54 @@ class DeviceLoader:
         self.reader = reader
         self.device = device
         self.columns = columns
+        self.optional = list(optional)
+        """Tensor columns read where a batch has them (e.g. ``weight``)."""
         self.event_time = event_time
+        self.produced_time = produced_time
+        self.oracle = oracle
         self.shuffle_on = shuffle_on
         self.cuda = device.type == "cuda"
         self.ahead = (4 if self.cuda else 0) if ahead is None else ahead
         self._stream = torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
-        self._window: _OnDevice | None = None
+        self._windows: dict[str, _OnDevice] = {}
+        """Per channel, its window on the device now: a mix alternates channels batch by batch,
+        and one window for all would be packed and copied again at every switch."""
 
     # -- one batch, host side then device side ----------------------------------------------
 
-    def _channel(self) -> str | None:
+    def _channel(self, item: pa.RecordBatch | WindowSlice) -> str | None:
+        if isinstance(item, WindowSlice):
+            return item.window.key[0]
         mixed = getattr(self.reader, "last_channel", None)
         single = getattr(getattr(self.reader, "channel", None), "name", None)
         return str(mixed or single) if (mixed or single) else None
 
-    def _times(self, item: pa.RecordBatch | WindowSlice) -> torch.Tensor | None:
-        name = self.event_time
+    @staticmethod
+    def _column(item: pa.RecordBatch | WindowSlice, name: str | None) -> pa.Array | None:
+        """One column of the batch gathered on the host, None without it."""
         if name is None:
             return None
         if isinstance(item, WindowSlice):
-            if name not in item.window.table.schema.names:
-                return None
-            return to_tensors(pa.record_batch([item.column(name)], [name]))[name].clone()
-        if name not in item.schema.names:
-            return None
-        return to_tensors(item, [name])[name].clone()
+            return item.column(name) if name in item.window.table.schema.names else None
+        return item.column(name) if name in item.schema.names else None
+
+    def _present(self, names: Sequence[str]) -> list[str]:
+        return self.columns + [c for c in self.optional if c in names]
 
     def _prepare(self, item: pa.RecordBatch | WindowSlice) -> Batch:
         """``item`` as tensors on the device (their copy issued, maybe not finished)."""
         cursor = self.reader.state_dict()  # after this item, before any later pull
-        batch = Batch({}, cursor, item.num_rows, 0.0, self._times(item), self._channel())
+        batch = Batch({}, cursor, item.num_rows, 0.0, channel=self._channel(item))
+        batch.epoch = int(getattr(self.reader, "epoch", 0))
+        event = self._column(item, self.event_time)
+        produced = self._column(item, self.produced_time)
+        oracle = self._column(item, self.oracle)
+        if event is not None and self.event_time is not None:
+            batch.event_time_us = timestamps_us(event, self.event_time)
+        if produced is not None and self.produced_time is not None:
+            batch.produced_us = timestamps_us(produced, self.produced_time)
+        if oracle is not None and self.oracle is not None:
+            batch.oracle = probabilities(oracle, self.oracle)
         if self._stream is None:
             batch.tensors = self._tensors(item)
             return batch
@@ -177,7 +215,7 @@ class DeviceLoader:
 
     def _tensors(self, item: pa.RecordBatch | WindowSlice) -> dict[str, torch.Tensor]:
         if not isinstance(item, WindowSlice):
-            tensors = to_tensors(item, self.columns)
+            tensors = to_tensors(item, self._present(item.schema.names))
             if not self.cuda:
                 return tensors  # zero-copy views of the reader's buffers
             return {
@@ -191,19 +229,22 @@ class DeviceLoader:
 
     def _upload(self, item: WindowSlice) -> _OnDevice:
         """The slice's window on the device: packed and copied once, at its first slice."""
-        if self._window is not None and self._window.key == item.window.key:
-            return self._window
-        self._window = None  # free the last window before the next is allocated
-        packed = pack_columns(item.window.table, self.columns, pin=self.cuda)
+        channel = item.window.key[0]
+        found = self._windows.get(channel)
+        if found is not None and found.key == item.window.key:
+            return found
+        self._windows.pop(channel, None)  # free the channel's last window before the next
+        table = item.window.table
+        packed = pack_columns(table, self._present(table.schema.names), pin=self.cuda)
         order = torch.from_numpy(item.window.order)
         if self.cuda:
             order = order.pin_memory()
-        self._window = _OnDevice(
+        window = self._windows[channel] = _OnDevice(
             item.window.key,
             {k: v.to(self.device, non_blocking=True) for k, v in packed.items()},
             order.to(self.device, non_blocking=True),
         )
-        return self._window
+        return window
 
     def _items(self) -> Iterator[pa.RecordBatch | WindowSlice]:
         if self.shuffle_on == "device":
@@ -235,7 +276,7 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         """Wait time: from the loop asking for a batch to getting it (the loop's stall)."""
-        self._window = None
+        self._windows = {}
         if self.ahead > 0:
             yield from self._threaded()
             return

@@ -9,6 +9,13 @@ Past ``capacity`` predictions the store becomes a uniform reservoir sample of th
 standard error shrinks with the positives kept (about 1e-3 with 100k of them); ``auc_count`` in
 the result says how many predictions it was computed on. ``update`` copies each batch to the
 CPU, which waits for the GPU: call it on evaluation batches, or accept one sync per step.
+
+Rows of a channel labelled ``immediate`` hold every impression once as a negative and each click
+again as a positive, so their positive rate is P/(N+P), not the click rate: such rows are
+counted apart (``update(..., immediate=True)``) and the result adds ``positive_rate_corrected``
+(positives over impressions, P/(rows - P)) and ``calibration_corrected`` (the predictions summed
+over the impressions, i.e. the label-0 rows, over P). :class:`Scores` adds, from a column of
+true probabilities, the oracle's AUC and log loss over the same rows and labels.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import torch.distributed as dist
 
 from flow.errors import ConfigError
 
-__all__ = ["BinaryMetrics", "ProgressiveScores", "binary_auc"]
+__all__ = ["BinaryMetrics", "Scores", "binary_auc"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +68,9 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else math.nan
 
 
-def _numpy(values: torch.Tensor) -> npt.NDArray[np.float32]:
+def _numpy(values: torch.Tensor | np.ndarray) -> npt.NDArray[np.float32]:
+    if isinstance(values, np.ndarray):
+        return values.astype(np.float32, copy=False).ravel()
     array: npt.NDArray[np.float32] = values.detach().float().flatten().cpu().numpy()
     return array
 
@@ -72,8 +81,10 @@ class BinaryMetrics:
     ``compute()`` returns ``auc``, ``logloss`` (weighted mean of the binary cross-entropy),
     ``count`` (predictions seen), ``positive_rate`` (weighted mean label), ``calibration``
     (mean predicted probability / mean label; 1 is calibrated) and ``auc_count`` (predictions
-    the AUC used: ``count`` unless more than ``capacity`` arrived). With ``distributed=True`` and
-    a process group initialised, every rank gets the metrics of all ranks' predictions.
+    the AUC used: ``count`` unless more than ``capacity`` arrived); with rows of an immediate
+    channel among them, ``positive_rate_corrected`` and ``calibration_corrected`` (see the
+    module's docstring). With ``distributed=True`` and a process group initialised, every rank
+    gets the metrics of all ranks' predictions.
 
     A metric with nothing to measure is NaN rather than an error: AUC when every label is the
     same (there is no positive-negative pair to rank), calibration without positives, everything
@@ -94,17 +105,25 @@ class BinaryMetrics:
         self._chunks: list[npt.NDArray[np.float32]] = []
         self._store: npt.NDArray[np.float32] | None = None  # [3, capacity] once sampling
         self._count = 0
-        # weight, weight·label, weight·probability, weight·loss
-        self._sums = np.zeros(4, dtype=np.float64)
+        # weight, weight·label, weight·probability, weight·loss; of immediate rows: weight,
+        # weight·label (the positives that repeat an impression), and weight·probability over
+        # the impressions (every row but those repeated positives)
+        self._sums = np.zeros(7, dtype=np.float64)
 
     @property
     def count(self) -> int:
         return self._count
 
     def update(
-        self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None
+        self,
+        logits: torch.Tensor | np.ndarray,
+        labels: torch.Tensor | np.ndarray,
+        weights: torch.Tensor | np.ndarray | None = None,
+        *,
+        immediate: bool = False,
     ) -> None:
-        """Add a batch: ``logits``, ``labels`` in [0, 1] and optional ``weights``, same length."""
+        """Add a batch: ``logits``, ``labels`` in [0, 1] and optional ``weights``, same length;
+        ``immediate``: the rows come from a channel labelled ``immediate``."""
         x = _numpy(logits)
         y = _numpy(labels)
         w = np.ones_like(x) if weights is None else _numpy(weights)
@@ -117,7 +136,16 @@ class BinaryMetrics:
         # -log p(y) from the logit, stable for large |x|: softplus(x) - y x
         loss = np.logaddexp(0.0, x64) - y64 * x64
         probability = 0.5 * (1.0 + np.tanh(0.5 * x64))
-        self._sums += [w64.sum(), (w64 * y64).sum(), (w64 * probability).sum(), (w64 * loss).sum()]
+        repeated = y64 if immediate else np.zeros_like(y64)
+        self._sums += [
+            w64.sum(),
+            (w64 * y64).sum(),
+            (w64 * probability).sum(),
+            (w64 * loss).sum(),
+            w64.sum() if immediate else 0.0,
+            (w64 * repeated).sum(),
+            (w64 * probability * (1.0 - repeated)).sum(),
+        ]
         self._keep(np.stack([x, y, w]))
         self._count += x.size
 
@@ -158,7 +186,8 @@ class BinaryMetrics:
         parts = [(stored, self._count / max(stored.shape[1], 1))]
         if distributed and dist.is_available() and dist.is_initialized():
             sums, count, parts = _gather(sums, count, stored)
-        weight, weighted_labels, weighted_probabilities, weighted_loss = (float(s) for s in sums)
+        weight, weighted_labels, weighted_probabilities, weighted_loss = sums[:4].tolist()
+        immediate, repeated, over_impressions = sums[4:].tolist()
         scores = np.concatenate([kept[0] for kept, _ in parts])
         labels = np.concatenate([kept[1] for kept, _ in parts])
         weights = np.concatenate([kept[2].astype(np.float64) * factor for kept, factor in parts])
@@ -169,7 +198,7 @@ class BinaryMetrics:
                 count,
                 "only positive labels" if weighted_labels else "only negative labels",
             )
-        return {
+        found = {
             "auc": auc,
             "logloss": _ratio(weighted_loss, weight),
             "count": count,
@@ -177,6 +206,10 @@ class BinaryMetrics:
             "calibration": _ratio(weighted_probabilities, weighted_labels),
             "auc_count": float(scores.size),
         }
+        if immediate:
+            found["positive_rate_corrected"] = _ratio(weighted_labels, weight - repeated)
+            found["calibration_corrected"] = _ratio(over_impressions, weighted_labels)
+        return found
 
 
 def _gather(
@@ -204,38 +237,63 @@ def _gather(
         (g[:, :size].cpu().numpy(), n / max(size, 1))
         for g, size, n in zip(gathered, sizes, counts, strict=True)
     ]
-    return total[:4], float(total[4]), parts
+    return total[: len(sums)], float(total[len(sums)]), parts
 
 
-class ProgressiveScores:
-    """Progressive validation: every batch scored before the model trains on it.
+class Scores:
+    """A model's metrics and, given true probabilities (an oracle column), the oracle's.
 
-    Predictions stay on the device until a log step: moving them to the host every step would
-    make every step wait for the GPU, and the loader's copy-ahead would be for nothing.
+    The oracle is scored like a model whose logit is ``logit(p)``, over exactly the rows and
+    labels the model is scored on that have a probability; rows without one (null, or a batch
+    without the column) are left out of the oracle's figures and counted. ``compute()`` gives
+    the model's metrics and, with an oracle, ``oracle_auc``, ``oracle_logloss``,
+    ``oracle_count`` and ``oracle_missing``.
     """
 
-    def __init__(self) -> None:
-        self.pending: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
-        self.progressive = BinaryMetrics(capacity=1_000_000)
-        """Since the last log step."""
-        self.overall = BinaryMetrics(capacity=2_000_000)
-        self.by_channel: dict[str, BinaryMetrics] = {}
+    def __init__(self, capacity: int = 1_000_000, *, oracle: bool = False, seed: int = 0) -> None:
+        self.model = BinaryMetrics(capacity=capacity, seed=seed)
+        self.oracle = BinaryMetrics(capacity=capacity, seed=seed + 1) if oracle else None
 
-    def add(
-        self, channel: str | None, logits: torch.Tensor, batch: dict[str, torch.Tensor]
+    @property
+    def count(self) -> int:
+        return self.model.count
+
+    def reset(self) -> None:
+        self.model.reset()
+        if self.oracle is not None:
+            self.oracle.reset()
+
+    def update(
+        self,
+        logits: torch.Tensor | np.ndarray,
+        labels: torch.Tensor | np.ndarray,
+        weights: torch.Tensor | np.ndarray | None = None,
+        *,
+        immediate: bool = False,
+        oracle: np.ndarray | None = None,
     ) -> None:
-        self.pending.append(
-            (channel or "?", logits.detach().float(), batch["label"], batch.get("weight"))
-        )
+        """Add a batch (see :meth:`BinaryMetrics.update`); ``oracle``: each row's true
+        probability, NaN where unknown (None: unknown for every row)."""
+        self.model.update(logits, labels, weights, immediate=immediate)
+        if self.oracle is None or oracle is None:
+            return
+        known = np.isfinite(oracle)
+        if not known.any():
+            return
+        y = _numpy(labels)[known]
+        w = None if weights is None else _numpy(weights)[known]
+        p = np.clip(oracle[known], 1e-7, 1 - 1e-7)
+        self.oracle.update(np.log(p) - np.log1p(-p), y, w, immediate=immediate)
 
-    def flush(self) -> None:
-        for channel in dict.fromkeys(c for c, _, _, _ in self.pending):
-            mine = [p for p in self.pending if p[0] == channel]
-            logits = torch.cat([p[1] for p in mine])
-            labels = torch.cat([p[2] for p in mine])
-            given = [p[3] for p in mine if p[3] is not None]
-            weights = torch.cat(given) if len(given) == len(mine) else None
-            per_channel = self.by_channel.setdefault(channel, BinaryMetrics(capacity=1_000_000))
-            for metrics in (self.progressive, self.overall, per_channel):
-                metrics.update(logits, labels, weights)
-        self.pending = []
+    def compute(self, distributed: bool = False) -> dict[str, float]:
+        """The metrics so far (a collective with ``distributed``: call it on all ranks)."""
+        found = self.model.compute(distributed=distributed)
+        if self.oracle is None:
+            return found
+        oracle = self.oracle.compute(distributed=distributed)
+        found["oracle_count"] = oracle["count"]
+        found["oracle_missing"] = found["count"] - oracle["count"]
+        if oracle["count"]:
+            found["oracle_auc"] = oracle["auc"]
+            found["oracle_logloss"] = oracle["logloss"]
+        return found

@@ -5,6 +5,10 @@
 (rows, waits, freshness, audit) and ``_after_step`` (the log line, evaluation, checkpoint and
 export that fall due), then ``_finish`` records the run's figures. ``trainers.train.train``
 wraps a session in its MLflow runs.
+
+The loss of a batch depends on how its channel was labelled (``trainers.feedback``): the
+session looks each channel's label strategy up once, when it first trains on it (a channel
+read later may not exist when the run starts), and says which loss it uses.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from flow.handoff import Channel
 from flow.tracking import Run
 from flow.training import TrainConfig
 from trainers.checkpoint import Checkpointer
+from trainers.data import NO_TIME
+from trainers.feedback import Labels, labels_for, training_loss
 from trainers.inputs import (
     columns_of,
     device_for,
@@ -34,54 +41,17 @@ from trainers.inputs import (
     wait_for,
 )
 from trainers.loader import Batch, DeviceLoader, ShuffleOn, StallMeter
-from trainers.metrics import BinaryMetrics, ProgressiveScores
+from trainers.metrics import Scores
 from trainers.models import CTRModel, build_model
 from trainers.optim import CowClip, build_optimizer
-from trainers.promote import Decision, champion_state, load_champion
+from trainers.progressive import ProgressiveScores
+from trainers.promote import champion_state, load_champion
+from trainers.result import TrainResult
 
-__all__ = ["Session", "TrainResult", "evaluate", "export_model", "fingerprints"]
+__all__ = ["OPTIONAL_COLUMNS", "Session", "TrainResult", "evaluate", "export_model", "fingerprints"]
 
-
-@dataclass
-class TrainResult:
-    steps: int = 0
-    rows: int = 0
-    """Rows this rank trained on."""
-    seconds: float = 0.0
-    wait_seconds: float = 0.0
-    resumed_from: int | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    """The last evaluation (or progressive validation) metrics."""
-    freshness_s: dict[str, list[float]] = field(default_factory=dict)
-    """Per channel, per batch: seconds from the rows' median event time to the step using them."""
-    overall: dict[str, float] = field(default_factory=dict)
-    """Progressive validation over the whole run (every batch scored before training on it)."""
-    by_channel: dict[str, dict[str, float]] = field(default_factory=dict)
-    """The same, per channel (e.g. how the model did on live rows it had not seen)."""
-    run_id: str | None = None
-    model_uri: str | None = None
-    model_version: str | None = None
-    decision: Decision | None = None
-    """Whether the new model became the champion, and why (with --promote-margin)."""
-    leader: bool = True
-    """Rank 0: the rank that tracks, exports and reports."""
-    world_size: int = 1
-
-    @property
-    def samples_per_s(self) -> float:
-        """Over all ranks (each reads the same number of rows)."""
-        return self.rows * self.world_size / self.seconds if self.seconds else 0.0
-
-    @property
-    def stall_fraction(self) -> float:
-        return self.wait_seconds / self.seconds if self.seconds else 0.0
-
-    def freshness(self, quantile: float, channel: str | None = None) -> float | None:
-        """A quantile of event-to-training seconds, of one channel or all (None: no times)."""
-        values = [
-            v for name, found in self.freshness_s.items() if channel in (None, name) for v in found
-        ]
-        return float(np.quantile(values, quantile)) if values else None
+OPTIONAL_COLUMNS = ("weight",)
+"""Tensor columns a batch has where its channel wrote them: the row weight of the loss."""
 
 
 def fingerprints(tensors: dict[str, torch.Tensor]) -> np.ndarray:
@@ -94,12 +64,12 @@ def fingerprints(tensors: dict[str, torch.Tensor]) -> np.ndarray:
     return mixed
 
 
-def _loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    labels = batch["label"].float()
-    weight = batch.get("weight")
-    return nn.functional.binary_cross_entropy_with_logits(
-        logits.float(), labels, weight=weight.float() if weight is not None else None
-    )
+def _median_time(times_us: np.ndarray | None) -> float | None:
+    """The median of a batch's known times, in seconds since the epoch (None: none known)."""
+    if times_us is None:
+        return None
+    known = times_us[times_us != NO_TIME]
+    return float(np.median(known)) / 1e6 if len(known) else None
 
 
 def evaluate(
@@ -108,9 +78,12 @@ def evaluate(
     *,
     limit: int | None,
     autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+    immediate: Callable[[str | None], bool] = lambda _: False,
+    oracle: bool = False,
 ) -> dict[str, float]:
-    """AUC, log loss and calibration over ``batches`` (all ranks' predictions together)."""
-    metrics = BinaryMetrics()
+    """AUC, log loss and calibration over ``batches`` (all ranks' predictions together);
+    corrected figures for rows of ``immediate`` channels, the oracle's with ``oracle``."""
+    metrics = Scores(10_000_000, oracle=oracle)
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -119,7 +92,13 @@ def evaluate(
                 break
             with autocast():
                 logits = model(batch.tensors)
-            metrics.update(logits.float(), batch.tensors["label"], batch.tensors.get("weight"))
+            metrics.update(
+                logits.float(),
+                batch.tensors["label"],
+                batch.tensors.get("weight"),
+                immediate=immediate(batch.channel),
+                oracle=batch.oracle,
+            )
     model.train(was_training)
     return metrics.compute(distributed=dist.is_initialized())
 
@@ -170,6 +149,8 @@ class Session:
         if config.init_from_champion or config.promote_margin is not None:
             self.champion = self._champion(warm_start=config.init_from_champion)
         self.columns = columns_of(self.layout)
+        self.labels: dict[str, Labels] = {}
+        """Per channel seen: how its rows were labelled and the loss used on them."""
         self.step = 0
         self.last_cursor: dict[str, Any] | None = None
         """The reader's cursor after the last batch trained on (lineage reads it)."""
@@ -223,10 +204,53 @@ class Session:
             )
         else:
             return {}
-        loader = DeviceLoader(reader, self.device, self.columns, shuffle_on=self.shuffle_on)
-        return evaluate(
-            model or self.net, iter(loader), limit=config.eval_batches, autocast=self.autocast
+        loader = DeviceLoader(
+            reader,
+            self.device,
+            self.columns,
+            optional=OPTIONAL_COLUMNS,
+            oracle=config.oracle,
+            shuffle_on=self.shuffle_on,
         )
+        return evaluate(
+            model or self.net,
+            iter(loader),
+            limit=config.eval_batches,
+            autocast=self.autocast,
+            immediate=lambda channel: self.labels_of(channel).immediate,
+            oracle=config.oracle is not None,
+        )
+
+    def labels_of(self, channel: str | None) -> Labels:
+        """How ``channel``'s rows were labelled (its metadata, read once) and the loss used."""
+        name = channel or self.config.channels[0]
+        found = self.labels.get(name)
+        if found is None:
+            strategy = Channel(self.config.location, name).meta().label_strategy
+            found = self.labels[name] = labels_for(self.config.delayed_feedback, strategy, name)
+        return found
+
+    def _announce(self, channel: str | None, run: Run, result: TrainResult) -> Labels:
+        """The channel's labels; the first time, say (and tag the run with) the loss used."""
+        name = channel or self.config.channels[0]
+        if name in result.labels:
+            return self.labels[name]
+        labels = self.labels_of(name)
+        result.labels[name] = {"strategy": labels.strategy, "correction": labels.correction}
+        run.set_tags(
+            {
+                f"flow.delayed_feedback.{name}": labels.correction,
+                f"flow.label_strategy.{name}": labels.strategy,
+            }
+        )
+        warning = (
+            " (its labels are final: FNW over-predicts there; --delayed-feedback auto applies "
+            "it to immediate channels only)"
+            if labels.correction == "fnw" and not labels.immediate
+            else ""
+        )
+        self.say(f"channel {name}: {labels.describe()}{warning}")
+        return labels
 
     def _epochs_left(self) -> bool:
         # Following reads the channels once, until their producer closes them.
@@ -235,11 +259,21 @@ class Session:
 
     def run(self, run: Run, result: TrainResult) -> None:
         """Train until the epochs, the followed channels or ``max_steps`` are done."""
-        loop = _Loop()
+        config = self.config
+        loop = _Loop(
+            scores=ProgressiveScores(
+                oracle=config.oracle is not None,
+                window_s=config.metrics_window_s if config.event_time else 0.0,
+            )
+        )
+        for channel in config.channels:  # those read later are announced at their first batch
+            if Channel(config.location, channel).exists():
+                self._announce(channel, run, result)
         started = time.perf_counter()
         while not loop.done and self._epochs_left():
             for batch in self._loader():
-                loss = self._step(batch, loop.scores)
+                labels = self._announce(batch.channel, run, result)
+                loss = self._step(batch, labels, loop.scores)
                 self._account(batch, result, loop)
                 if self._after_step(run, result, loss, batch.cursor, loop):
                     loop.done = True  # max_steps reached
@@ -251,17 +285,28 @@ class Session:
             self.reader,
             self.device,
             self.columns,
+            optional=OPTIONAL_COLUMNS,
             event_time=self.config.event_time,
+            produced_time=self.config.produced_time,
+            oracle=self.config.oracle,
             shuffle_on=self.shuffle_on,
         )
 
-    def _step(self, batch: Batch, scores: ProgressiveScores) -> torch.Tensor:
+    def _step(self, batch: Batch, labels: Labels, scores: ProgressiveScores) -> torch.Tensor:
         """One optimizer step on ``batch``, scored first (progressive validation); its loss."""
         tensors = batch.tensors
         with self.autocast():
             logits = self.net(tensors)
-        loss = _loss(logits, tensors)
-        scores.add(batch.channel, logits, tensors)
+        loss = training_loss(logits, tensors, labels.correction)
+        scores.add(
+            batch.channel,
+            logits,
+            tensors,
+            immediate=labels.immediate,
+            repeated=batch.epoch > 0,
+            oracle=batch.oracle,
+            event_time_us=batch.event_time_us,
+        )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         if self.clip is not None:
@@ -279,9 +324,12 @@ class Session:
         loop.stall.add(batch)
         loop.window.rows += batch.rows
         loop.window.stall.add(batch)
-        if batch.event_time_us is not None and len(batch.event_time_us):
-            event = float(np.median(batch.event_time_us.numpy())) / 1e6
-            result.freshness_s.setdefault(batch.channel or "?", []).append(time.time() - event)
+        now = time.time()
+        event, produced = _median_time(batch.event_time_us), _median_time(batch.produced_us)
+        if event is not None:
+            result.freshness_s.setdefault(batch.channel or "?", []).append(now - event)
+        if produced is not None:
+            result.freshness_produced_s.setdefault(batch.channel or "?", []).append(now - produced)
 
     def _after_step(
         self, run: Run, result: TrainResult, loss: torch.Tensor, cursor: dict[str, Any], loop: _Loop
@@ -332,6 +380,9 @@ class Session:
         scores = loop.scores
         result.overall = scores.overall.compute() if scores.overall.count else {}
         result.by_channel = {n: m.compute() for n, m in scores.by_channel.items() if m.count}
+        result.by_pass = {n: m.compute() for n, m in scores.by_pass.items() if m.count}
+        result.by_window = scores.windows.compute()
+        result.window_left_out = scores.windows.left_out()
         if config.audit_dir is not None:
             config.audit_dir.mkdir(parents=True, exist_ok=True)
             rows = np.concatenate(loop.audit) if loop.audit else np.empty(0, dtype=np.uint64)

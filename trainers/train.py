@@ -28,9 +28,10 @@ from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Tracker
 from flow.training import TrainConfig
 from trainers.lineage import log_lineage
 from trainers.promote import Decision, decide, promote
-from trainers.session import Session, TrainResult, export_model
+from trainers.result import TrainResult, final_metrics, summary_lines
+from trainers.session import Session, export_model
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["TrainResult", "final_metrics", "summary_lines", "train"]
 
 FINAL_FLUSH_S = 300.0
 """How long the end of a run waits for queued tracking calls before exporting the model: about
@@ -63,21 +64,15 @@ def train(
         result.resumed_from = session.resume()
         session.run(run, result)
         result.run_id = stage.run_id
-        final = {
-            "samples_per_s": result.samples_per_s,
-            "data_stall_fraction": result.stall_fraction,
-            "steps": result.steps,
-            "rows": result.rows,
-            **{f"run_progressive_{k}": v for k, v in result.overall.items()},
-        }
-        for channel, scores in result.by_channel.items():
-            final |= {f"run_progressive_{k}.{channel}": v for k, v in scores.items()}
-        for channel in result.freshness_s:
-            for q in (0.5, 0.99):
-                final[f"freshness_p{round(q * 100)}_s.{channel}"] = (
-                    result.freshness(q, channel) or 0
+        run.log_metrics(final_metrics(result), step=result.steps)
+        for channel, windows in result.by_window.items():
+            for start, scores in windows.items():
+                run.log_metrics(
+                    {f"window_progressive_{k}.{channel}": v for k, v in scores.items()},
+                    step=start,
                 )
-        run.log_metrics(final, step=result.steps)
+        for line in summary_lines(result):
+            session.say(line)
         if session.leader and session.last_cursor is not None:
             log_lineage(
                 run,
@@ -142,5 +137,8 @@ def _params(config: TrainConfig, session: Session) -> dict[str, Any]:
         "compile": config.compile,
         "shuffle_on": session.shuffle_on,
         "reader_threads": config.reader_threads,
+        "delayed_feedback": config.delayed_feedback,
+        "oracle": config.oracle,
+        "metrics_window_s": config.metrics_window_s,
         "parameters": sum(p.numel() for p in session.model.parameters()),
     }

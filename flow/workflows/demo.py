@@ -105,6 +105,9 @@ def run_demo(
         batch_size=size.batch_size,
         log_every=20,
         event_time="ts",
+        # The synthetic world's true click probability, when its rows carry it: the summary
+        # prints the oracle's AUC beside the model's (rows without it are left out and counted).
+        oracle="p_click",
         register_as=MODEL_NAME,
         checkpoint_every=100,
     )
@@ -147,6 +150,11 @@ def summarize(stack: StackConfig, parent: str) -> dict[str, Any]:
         "logloss": train.get("run_progressive_logloss"),
         "live_auc": train.get("run_progressive_auc.live"),
         "live_logloss": train.get("run_progressive_logloss.live"),
+        "live_oracle_auc": train.get("run_progressive_oracle_auc.live"),
+        "live_calibration": train.get(
+            "run_progressive_calibration_corrected.live",
+            train.get("run_progressive_calibration.live"),
+        ),
         "samples_per_s": train.get("samples_per_s"),
         "data_stall_fraction": train.get("data_stall_fraction"),
         "trained_rows": int(train.get("rows", 0)),
@@ -179,6 +187,8 @@ def show(summary: dict[str, Any], console: Console) -> None:
         ("trained on", f"{summary['trained_rows']:,} rows"),
         ("AUC, all rows (progressive)", fmt(summary["auc"], "{:.3f}")),
         ("AUC, live rows (progressive)", fmt(summary["live_auc"], "{:.3f}")),
+        ("oracle AUC, the same rows", fmt(summary["live_oracle_auc"], "{:.3f}")),
+        ("calibration, live rows", fmt(summary["live_calibration"], "{:.3f}")),
         ("log loss, live rows", fmt(summary["live_logloss"], "{:.4f}")),
         ("samples/s", fmt(summary["samples_per_s"], "{:,.0f}")),
         ("waiting for data", fmt(summary["data_stall_fraction"], "{:.1%} of the time")),

@@ -109,6 +109,28 @@ def test_a_refused_setting_raises_config_error_not_a_usage_exit() -> None:
         parse_args(["--channel", "a", "--holdout-share", "1.5"])
 
 
+def test_delayed_feedback_oracle_and_windows_are_flags_and_checked() -> None:
+    config = parse_args(
+        ["--channel", "live", "--delayed-feedback", "off", "--oracle", "p_click",
+         "--metrics-window-s", "600", "--produced-time", "kafka_ts"]
+    )  # fmt: skip
+    assert config.delayed_feedback == "off"
+    assert config.oracle == "p_click"
+    assert config.metrics_window_s == 600
+    assert config.produced_time == "kafka_ts"
+    defaults = TrainConfig(channels=("live",))
+    assert defaults.delayed_feedback == "auto"
+    assert defaults.produced_time == "produced_at"
+    with pytest.raises(ConfigError, match="--oracle 'label' names a column the model"):
+        TrainConfig(channels=("live",), oracle="label")
+    with pytest.raises(ConfigError, match="--oracle 'seq_items'"):
+        TrainConfig(channels=("live",), oracle="seq_items")
+    with pytest.raises(ConfigError, match="--metrics-window-s -1"):
+        TrainConfig(channels=("live",), metrics_window_s=-1)
+    with pytest.raises(ConfigError, match="--delayed-feedback 'es-dfm'"):
+        TrainConfig(channels=("live",), delayed_feedback="es-dfm")  # type: ignore[arg-type]
+
+
 def test_the_namespace_decides_the_handoff_and_checkpoints(tmp_path: Path) -> None:
     stack = StackConfig.from_env(stack_env_for(tmp_path))
     config = TrainConfig(channels=("backfill", "live"), namespace="ctr").resolved(stack)

@@ -65,3 +65,72 @@ def write(root: Path, name: str, commits: list[int], seed: int = 0, buckets: int
         )
         channel.add_commit(Commit(name, batch_id, shards, meta.fingerprint))
     return first
+
+
+DELAYED_LAYOUT = Layout(dense=("a", "b", "c"), sparse=(("bucket", 4),), sequences=())
+
+
+def write_delayed(
+    root: Path,
+    name: str,
+    strategy: str,
+    impressions: int,
+    seed: int = 0,
+    *,
+    oracle: bool = True,
+    commits: int = 4,
+) -> int:
+    """Rows of tests/trainers/delayed.py's click model, labelled by ``strategy``: ``window``
+    (one row per impression with its final label, no production time, as a backfill writes)
+    or ``immediate`` (each impression a negative, each click a positive again, in emission
+    order, produced when emitted). Event times end about now. Returns the rows written."""
+    from tests.trainers.delayed import WINDOW_S, immediate_rows
+    from tests.trainers.delayed import impressions as draw
+
+    found = draw(impressions, seed=seed, span_s=4 * 3600.0)
+    now_s = float(np.datetime64("now", "s").astype(np.int64)) - 4 * 3600.0 - WINDOW_S
+    if strategy == "immediate":
+        rows = immediate_rows(found)
+        features, label, p = rows.features, rows.label, rows.p_click
+        event, produced = rows.event_s, rows.emitted_s
+    else:
+        features, label, p = found.features, found.clicked.astype(np.float32), found.p_click
+        event, produced = found.time_s, None
+    n = len(label)
+    fields = [
+        pa.field("label", pa.float32(), False),
+        pa.field("weight", pa.float32(), False),
+        pa.field("dense", pa.list_(pa.float32(), 3), False),
+        pa.field("sparse", pa.list_(pa.int64(), 1), False),
+        pa.field("ts", pa.timestamp("us", tz="UTC")),
+        pa.field("produced_at", pa.timestamp("us", tz="UTC")),
+    ] + ([pa.field("p_click", pa.float64())] if oracle else [])
+    stamp = pa.timestamp("us", tz="UTC")
+    columns = [
+        pa.array(label),
+        pa.array(np.ones(n, dtype=np.float32)),
+        pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), 3),
+        pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(n, dtype=np.int64)), 1),
+        pa.array(((now_s + event) * 1e6).astype(np.int64), stamp),
+        pa.array(((now_s + produced) * 1e6).astype(np.int64), stamp)
+        if produced is not None
+        else pa.nulls(n, stamp),
+    ] + ([pa.array(p)] if oracle else [])
+    schema = pa.schema(fields)
+    table = pa.table(columns, schema=schema)
+    channel = Channel(str(root), name)
+    meta = channel.create(
+        schema,
+        num_buckets=2,
+        layout=DELAYED_LAYOUT.to_dict(),
+        labels={"strategy": strategy, "window": f"{WINDOW_S:.0f} seconds"},
+    )
+    per = -(-n // commits)
+    for batch_id in range(commits):
+        part = table.slice(batch_id * per, per)
+        half = -(-part.num_rows // 2)
+        shards = tuple(
+            channel.write_bucket(batch_id, b, part.slice(b * half, half), f"t{b}") for b in range(2)
+        )
+        channel.add_commit(Commit(name, batch_id, shards, meta.fingerprint))
+    return n

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from flow.errors import ConfigError
 from flow.handoff import Channel, ChannelReader, Commit, ReadOptions
-from trainers.data import HandoffDataset, to_tensors
+from trainers.data import NO_TIME, HandoffDataset, probabilities, timestamps_us, to_tensors
 
 SCHEMA = pa.schema(
     [
@@ -77,3 +77,16 @@ def test_dataloader_workers_are_refused_rather_than_reading_every_row_again(
     loader = DataLoader(HandoffDataset(reader), batch_size=None, num_workers=1)
     with pytest.raises(ConfigError, match=r"num_workers=0.*ReadOptions\(threads=N\)"):
         next(iter(loader))
+
+
+def test_metrics_only_columns_keep_their_nulls_as_markers() -> None:
+    stamps = pa.array([1_000, None, 3_000], pa.timestamp("ms", tz="UTC"))
+    assert timestamps_us(stamps, "produced_at").tolist() == [1_000_000, NO_TIME, 3_000_000]
+    found = probabilities(pa.array([0.25, None, 1.0], pa.float32()), "p_click")
+    assert np.array_equal(found, [0.25, np.nan, 1.0], equal_nan=True)
+    with pytest.raises(ConfigError, match="'ts' is int64, not a timestamp"):
+        timestamps_us(pa.array([1, 2]), "ts")
+    with pytest.raises(ConfigError, match=r"'p_click': 1 of 2 values lie outside \[0, 1\]"):
+        probabilities(pa.array([0.5, 1.5]), "p_click")
+    with pytest.raises(ConfigError, match="--oracle 'p_click': the column is string"):
+        probabilities(pa.array(["a"]), "p_click")

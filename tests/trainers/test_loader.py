@@ -6,19 +6,25 @@ each batch gathered by index_select with the window's permutation), on real shar
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flow.errors import ShardCorruptError
-from flow.handoff import ChannelReader, MixedReader, ReadOptions, World
+from flow.handoff import Channel, ChannelReader, Commit, MixedReader, ReadOptions, World
 from tests.support import Writer
-from trainers.loader import Batch, DeviceLoader
+from trainers import data as data_module
+from trainers import loader as loader_module
+from trainers.data import NO_TIME
+from trainers.loader import Batch, DeviceLoader, ShuffleOn
 
 CPU = torch.device("cpu")
 COLUMNS = ["id", "x"]
@@ -186,3 +192,107 @@ def test_on_cuda_the_threaded_copy_and_device_gather_give_the_host_batches(tmp_p
             batches.append(Batch({k: v.cpu() // 2 for k, v in doubled.items()}, batch.cursor,
                                  batch.rows, batch.wait_s))  # fmt: skip
         _same(host, batches)
+
+
+def _side_channel(root: Path, name: str, first_id: int, weighted: bool) -> None:
+    """Rows numbered from ``first_id`` with the columns read for metrics only: an event time
+    of ``id`` seconds, a production time and an oracle value that are null on every third row
+    (backfill rows have no production time), and a ``weight`` of ``id`` where ``weighted``."""
+    fields = [
+        ("id", pa.int64()),
+        ("x", pa.list_(pa.float32(), 3)),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("produced_at", pa.timestamp("ms", tz="UTC")),
+        ("p_click", pa.float32()),
+    ] + ([("weight", pa.float32())] if weighted else [])
+    schema = pa.schema(fields)
+    channel = Channel(str(root), name)
+    meta = channel.create(schema, num_buckets=2)
+    for batch_id in range(2):
+        shards = []
+        for bucket in range(2):
+            ids = first_id + np.arange(
+                bucket * 1000 + batch_id * 100, bucket * 1000 + batch_id * 100 + 90
+            )
+            null = ids % 3 == 0
+            columns = [
+                pa.array(ids),
+                pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.repeat(ids, 3).astype(np.float32)), 3
+                ),
+                pa.array(ids * 1_000_000, pa.timestamp("us", tz="UTC")),
+                pa.array(ids * 1000, pa.timestamp("ms", tz="UTC"), mask=null),
+                pa.array((ids % 1000) / 1000, pa.float32(), mask=null),
+            ] + ([pa.array(ids.astype(np.float32))] if weighted else [])
+            table = pa.table(columns, schema=schema)
+            shards.append(channel.write_bucket(batch_id, bucket, table, f"t{bucket}"))
+        channel.add_commit(Commit(name, batch_id, tuple(shards), meta.fingerprint))
+
+
+@pytest.mark.parametrize(("shuffle_on", "ahead"), [("host", 0), ("device", 0), ("device", 2)])
+def test_a_batch_comes_from_one_channel_with_its_metrics_columns_row_by_row(
+    tmp_path: Path, shuffle_on: ShuffleOn, ahead: int
+) -> None:
+    _side_channel(tmp_path, "a", 0, weighted=False)
+    _side_channel(tmp_path, "b", 100_000, weighted=True)
+    options = ReadOptions(batch_size=16, window_rows=64, seed=4)
+    readers = {n: _reader(tmp_path, n, options) for n in ("a", "b")}
+    loader = DeviceLoader(
+        MixedReader(readers, weights={"a": 1.0, "b": 1.0}, seed=1),
+        CPU,
+        COLUMNS,
+        optional=["weight"],
+        event_time="ts",
+        produced_time="produced_at",
+        oracle="p_click",
+        shuffle_on=shuffle_on,
+        ahead=ahead,
+    )
+    batches = _batches(loader)
+    assert {b.channel for b in batches} == {"a", "b"}
+    for b in batches:
+        ids = b.tensors["id"].numpy()
+        # One channel per batch: channel a numbers its rows below 100,000, b from there.
+        assert np.all(ids < 100_000) if b.channel == "a" else np.all(ids >= 100_000)
+        assert ("weight" in b.tensors) == (b.channel == "b")
+        if b.channel == "b":
+            assert np.array_equal(b.tensors["weight"].numpy(), ids.astype(np.float32))
+        null = ids % 3 == 0
+        assert b.event_time_us is not None
+        assert b.produced_us is not None
+        assert b.oracle is not None
+        assert np.array_equal(b.event_time_us, ids * 1_000_000)
+        assert np.all(b.produced_us[null] == NO_TIME)
+        assert np.array_equal(b.produced_us[~null], ids[~null] * 1_000_000)  # ms read as us
+        assert np.all(np.isnan(b.oracle[null]))
+        assert np.allclose(b.oracle[~null], (ids[~null] % 1000) / 1000)
+        assert b.epoch == 0
+
+
+def test_batches_carry_the_readers_epoch(tmp_path: Path) -> None:
+    Writer(tmp_path, "c", buckets=2).commit([40, 40])
+    reader = _reader(tmp_path, "c", ReadOptions(batch_size=16, window_rows=32))
+    epochs = [b.epoch for _ in range(2) for b in DeviceLoader(reader, CPU, COLUMNS)]
+    assert epochs == [0] * 5 + [1] * 5
+
+
+def test_mixed_channels_copy_each_window_to_the_device_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a", "b"):
+        Writer(tmp_path, name, buckets=2).commit([500, 500])
+    packed: list[int] = []
+    pack = data_module.pack_columns
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        packed.append(1)
+        return pack(*args, **kwargs)
+
+    monkeypatch.setattr(loader_module, "pack_columns", counted)
+    options = ReadOptions(batch_size=16, window_rows=256, seed=2)
+    readers = {n: _reader(tmp_path, n, options) for n in ("a", "b")}
+    mix = MixedReader(readers, weights={"a": 1.0, "b": 1.0}, seed=3)
+    batches = _batches(DeviceLoader(mix, CPU, COLUMNS, shuffle_on="device"))
+    switches = sum(a.channel != b.channel for a, b in itertools.pairwise(batches))
+    assert switches > 20  # the channels alternate ...
+    assert len(packed) == 8  # ... yet each of the 2 x 4 windows is copied once

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.multiprocessing.spawn import spawn
 
-from trainers.metrics import BinaryMetrics, binary_auc
+from trainers.metrics import BinaryMetrics, Scores, binary_auc
 
 
 def auc_by_pairs(scores, labels, weights) -> float:
@@ -143,6 +143,58 @@ def test_past_capacity_memory_stays_bounded_and_auc_is_estimated():
     assert result["auc"] == pytest.approx(exact, abs=0.02)
     losses = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
     assert result["logloss"] == pytest.approx(float((losses * weights).sum() / weights.sum()))
+
+
+def test_immediate_rows_are_counted_per_impression():
+    # 10 impressions, each once as a negative; 3 of them clicked, emitted again as positives.
+    impressions = torch.linspace(-2, 2, 10)
+    clicked = torch.tensor([1, 4, 9])
+    logits = torch.cat([impressions, impressions[clicked]])
+    labels = torch.cat([torch.zeros(10), torch.ones(3)])
+    metrics = BinaryMetrics()
+    metrics.update(logits, labels, immediate=True)
+    result = metrics.compute()
+    assert result["positive_rate"] == pytest.approx(3 / 13)
+    assert result["positive_rate_corrected"] == pytest.approx(3 / 10)
+    # Predictions summed over the impressions (the label-0 rows), over the clicks.
+    assert result["calibration_corrected"] == pytest.approx(
+        float(torch.sigmoid(impressions).sum() / 3)
+    )
+    # Rows labelled by window beside them count as they are.
+    metrics.update(torch.tensor([0.0, 0.0]), torch.tensor([1.0, 0.0]))
+    mixed = metrics.compute()
+    assert mixed["positive_rate_corrected"] == pytest.approx(4 / 12)
+    assert mixed["calibration_corrected"] == pytest.approx(
+        float(torch.sigmoid(impressions).sum() + 1.0) / 4
+    )
+
+
+def test_rows_labelled_by_window_have_no_corrected_figures():
+    metrics = BinaryMetrics()
+    metrics.update(torch.tensor([1.0, -1.0]), torch.tensor([1.0, 0.0]))
+    assert "positive_rate_corrected" not in metrics.compute()
+
+
+def test_the_oracle_is_scored_on_the_same_rows_and_labels_without_its_nulls():
+    logits, labels, weights = random_predictions(400, seed=7)
+    truth = torch.sigmoid(logits / 2).double().numpy()
+    truth[::10] = np.nan  # 40 rows without a true probability
+    scores = Scores(oracle=True)
+    for chunk in (slice(0, 150), slice(150, 400)):
+        scores.update(logits[chunk], labels[chunk], weights[chunk], oracle=truth[chunk])
+    scores.update(torch.zeros(5), torch.ones(5))  # a batch without the column
+    result = scores.compute()
+    known = ~np.isnan(truth)
+    assert result["count"] == 405
+    assert result["oracle_count"] == 360
+    assert result["oracle_missing"] == 45
+    assert result["oracle_auc"] == pytest.approx(
+        binary_auc(truth[known], labels.numpy()[known], weights.numpy()[known]), abs=1e-6
+    )
+    p, y, w = truth[known], labels.double().numpy()[known], weights.double().numpy()[known]
+    loss = -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    assert result["oracle_logloss"] == pytest.approx(float((w * loss).sum() / w.sum()), rel=1e-5)
+    assert "oracle_auc" not in Scores(oracle=False).compute()
 
 
 def _rank(rank: int, world: int, store: str, out: str) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +17,10 @@ from flow.errors import ConfigError
 from flow.handoff import Channel
 from flow.training import ModelConfig, OptimConfig, TrainConfig
 from tests.support import REPO
-from tests.trainers.channels import write
+from tests.trainers.channels import write, write_delayed
 from trainers import lazy
+from trainers import train as train_module
+from trainers.result import TrainResult
 from trainers.train import train
 
 
@@ -160,3 +164,126 @@ def test_a_trainer_killed_mid_run_continues_from_its_checkpoint_exactly(tmp_path
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert np.array_equal(audit(resumed), expected[step * 64 :])
+
+
+class RecordingRun:
+    """A tracked run that keeps what it is given (params, tags, metrics with their steps)."""
+
+    def __init__(self) -> None:
+        self.run_id = "recorded"
+        self.params: dict[str, object] = {}
+        self.tags: dict[str, str] = {}
+        self.metrics: dict[str, list[tuple[int | None, float]]] = {}
+
+    def log_params(self, params: Mapping[str, object]) -> None:
+        self.params.update(params)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            self.metrics.setdefault(key, []).append((step, value))
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.tags.update(tags)
+
+    def log_dict(self, data: object, artifact_file: str) -> None:
+        return None
+
+
+class RecordingTracker:
+    def __init__(self) -> None:
+        self.runs: dict[str, RecordingRun] = {}
+
+    @contextlib.contextmanager
+    def pipeline_run(
+        self, name: str, params: object = None, tags: object = None
+    ) -> Iterator[RecordingRun]:
+        yield self.runs.setdefault(name, RecordingRun())
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[RecordingRun]:
+        yield self.runs.setdefault(name, RecordingRun())
+
+
+def test_delayed_feedback_is_corrected_on_immediate_channels_and_reported_honestly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Backfill labelled by window, then live rows labelled at once; evaluated on more live
+    rows. FNW on live only (auto) against plain cross-entropy everywhere (off)."""
+    backfill = write_delayed(tmp_path, "backfill", "window", 3_000, seed=3, oracle=False)
+    live = write_delayed(tmp_path, "live", "immediate", 8_000, seed=1)
+    write_delayed(tmp_path, "live_eval", "immediate", 5_000, seed=2)
+    results: dict[str, TrainResult] = {}
+    trackers: dict[str, RecordingTracker] = {}
+    said: dict[str, list[str]] = {}
+    for setting in ("auto", "off"):
+        trackers[setting] = RecordingTracker()
+        monkeypatch.setattr(train_module, "_tracker", lambda *_, t=trackers[setting]: t)
+        lines: list[str] = []
+        said[setting] = lines
+        cfg = config(
+            tmp_path,
+            channels=("backfill", "live"),
+            eval_channel="live_eval",
+            delayed_feedback=setting,
+            oracle="p_click",
+            event_time="ts",
+            epochs=2,
+            batch_size=256,
+            checkpoint_dir=None,
+            model=ModelConfig("dlrm", embedding_dim=4, hidden=(16,), bottom=(8,)),
+        )
+        results[setting] = train(cfg, say=lines.append)
+    fnw, plain = results["auto"], results["off"]
+
+    # Which loss each channel got: said at the start, tagged, kept in the result.
+    assert fnw.labels == {
+        "backfill": {"strategy": "window", "correction": "none"},
+        "live": {"strategy": "immediate", "correction": "fnw"},
+    }
+    assert plain.labels["live"] == {"strategy": "immediate", "correction": "none"}
+    assert "channel live: labels immediate, fake-negative weighted loss (FNW)" in said["auto"]
+    assert "channel backfill: labels window, plain BCE" in said["auto"]
+    run = trackers["auto"].runs["train"]
+    assert run.tags["flow.delayed_feedback.live"] == "fnw"
+    assert run.tags["flow.delayed_feedback.backfill"] == "none"
+    assert run.params["delayed_feedback"] == "auto"
+
+    # Held-out live rows, counted per impression: FNW is calibrated, plain BCE predicts low.
+    assert plain.metrics["calibration_corrected"] < 0.85
+    assert abs(fnw.metrics["calibration_corrected"] - 1) < abs(
+        plain.metrics["calibration_corrected"] - 1
+    )
+    assert fnw.by_pass["repeated"]["calibration_corrected"] == pytest.approx(1.0, abs=0.1)
+    assert "oracle_auc" in fnw.metrics  # evaluation has the oracle too
+    # Live rows are P/(N+P) positive; corrected, P/N.
+    live_scores = fnw.by_channel["live"]
+    assert live_scores["positive_rate_corrected"] > live_scores["positive_rate"]
+
+    # The oracle over the same rows; the backfill has no such column: left out and counted.
+    assert fnw.by_channel["live"]["oracle_count"] == 2 * live
+    assert fnw.by_channel["backfill"]["oracle_missing"] == 2 * backfill
+    assert "oracle_auc" not in fnw.by_channel["backfill"]
+
+    # First-seen and repeated rows apart; windows of event time over first-seen rows.
+    assert fnw.by_pass["first_seen"]["count"] == fnw.by_pass["repeated"]["count"] == live + backfill
+    assert sum(w["count"] for w in fnw.by_window["live"].values()) == live
+    assert set(fnw.by_window) == {"backfill", "live"}
+    windows = run.metrics["window_progressive_auc.live"]
+    assert sorted(int(step or 0) for step, _ in windows) == sorted(fnw.by_window["live"])
+
+    # Produced -> trained only where rows say when they were produced (not the backfill).
+    assert set(fnw.freshness_produced_s) == {"live"}
+    assert set(fnw.freshness_s) == {"backfill", "live"}
+    for name in (
+        "freshness_produced_p50_s.live",
+        "freshness_produced_p99_s.live",
+        "run_progressive_first_seen_auc",
+        "run_progressive_repeated_auc",
+        "run_progressive_oracle_auc.live",
+        "run_progressive_calibration_corrected.live",
+    ):
+        assert name in run.metrics, name
+    summary = "\n".join(said["auto"])
+    assert "channel live [labels immediate, loss fnw]" in summary
+    assert "repeated rows (trained on before: not generalisation)" in summary
+    assert "freshness produced -> trained, channel live" in summary

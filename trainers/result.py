@@ -1,0 +1,182 @@
+"""The figures of a training run (:class:`TrainResult`), as MLflow metrics and as lines for people.
+
+Each rank fills its own result; rank 0's is tracked and printed. Metric names:
+``run_progressive_<metric>`` over every row, ``run_progressive_<metric>.<channel>`` per channel,
+``run_progressive_first_seen_<metric>`` and ``run_progressive_repeated_<metric>`` by pass,
+``window_progressive_<metric>.<channel>`` per event-time window (the window's start, in seconds
+since the epoch, is the metric's step), ``freshness_p50_s.<channel>`` (event -> trained) and
+``freshness_produced_p50_s.<channel>`` (produced -> trained), and their p99.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+import numpy as np
+
+from trainers.promote import Decision
+
+__all__ = ["FRESHNESS", "Since", "TrainResult", "final_metrics", "summary_lines"]
+
+Since = Literal["event", "produced"]
+"""Freshness counted from the event, or from the row's production (its Kafka record)."""
+FRESHNESS: tuple[tuple[Since, str], ...] = (
+    ("event", "freshness"),
+    ("produced", "freshness_produced"),
+)
+"""Each kind of freshness and the prefix of its metric names."""
+
+
+@dataclass
+class TrainResult:
+    steps: int = 0
+    rows: int = 0
+    """Rows this rank trained on."""
+    seconds: float = 0.0
+    wait_seconds: float = 0.0
+    resumed_from: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The last evaluation (or progressive validation) metrics."""
+    freshness_s: dict[str, list[float]] = field(default_factory=dict)
+    """Per channel, per batch: seconds from the rows' median event time to the step using them."""
+    freshness_produced_s: dict[str, list[float]] = field(default_factory=dict)
+    """Per channel, per batch with production times: seconds from the median time its rows were
+    produced (the Kafka record's time; null in backfill rows) to the step using them."""
+    overall: dict[str, float] = field(default_factory=dict)
+    """Progressive validation over the whole run (every batch scored before training on it)."""
+    by_channel: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The same, per channel (e.g. how the model did on live rows it had not seen)."""
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per channel trained on: its label ``strategy`` and the loss ``correction`` used."""
+    by_pass: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The same, over rows seen for the first time (``first_seen``) and again (``repeated``,
+    epochs after the first: no measure of generalisation)."""
+    by_window: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
+    """Per channel, per event-time window (its start, seconds since the epoch): the same over
+    rows seen for the first time."""
+    window_left_out: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per channel, rows no window scored: ``untimed`` (no event time), ``late`` (their window
+    had been closed to bound memory)."""
+    run_id: str | None = None
+    model_uri: str | None = None
+    model_version: str | None = None
+    decision: Decision | None = None
+    """Whether the new model became the champion, and why (with --promote-margin)."""
+    leader: bool = True
+    """Rank 0: the rank that tracks, exports and reports."""
+    world_size: int = 1
+
+    def times_since(self, since: Since) -> dict[str, list[float]]:
+        return self.freshness_s if since == "event" else self.freshness_produced_s
+
+    @property
+    def samples_per_s(self) -> float:
+        """Over all ranks (each reads the same number of rows)."""
+        return self.rows * self.world_size / self.seconds if self.seconds else 0.0
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.wait_seconds / self.seconds if self.seconds else 0.0
+
+    def freshness(
+        self,
+        quantile: float,
+        channel: str | None = None,
+        since: Since = "event",
+    ) -> float | None:
+        """A quantile of seconds from the event (or from its row's production) to training,
+        of one channel or all (None: no times)."""
+        per_channel = self.times_since(since)
+        values = [
+            v for name, found in per_channel.items() if channel in (None, name) for v in found
+        ]
+        return float(np.quantile(values, quantile)) if values else None
+
+
+def final_metrics(result: TrainResult) -> dict[str, float]:
+    """The figures of a run as MLflow metrics (the per-window ones are logged with the
+    window's start as their step)."""
+    final: dict[str, float] = {
+        "samples_per_s": result.samples_per_s,
+        "data_stall_fraction": result.stall_fraction,
+        "steps": result.steps,
+        "rows": result.rows,
+        **{f"run_progressive_{k}": v for k, v in result.overall.items()},
+    }
+    for channel, scores in result.by_channel.items():
+        final |= {f"run_progressive_{k}.{channel}": v for k, v in scores.items()}
+    for cut, scores in result.by_pass.items():
+        final |= {f"run_progressive_{cut}_{k}": v for k, v in scores.items()}
+    for since, prefix in FRESHNESS:
+        for channel in result.times_since(since):
+            for q in (0.5, 0.99):
+                value = result.freshness(q, channel, since=since)
+                final[f"{prefix}_p{round(q * 100)}_s.{channel}"] = value or 0
+    return final
+
+
+def _figures(scores: dict[str, float]) -> str:
+    """One line of progressive figures: AUC, log loss, calibration (the corrected ones where
+    rows were labelled at once), the oracle's beside them."""
+    parts = [f"AUC {scores['auc']:.4f}", f"log loss {scores['logloss']:.4f}"]
+    if "calibration_corrected" in scores:
+        parts += [
+            f"positive rate {scores['positive_rate']:.4f} "
+            f"(corrected {scores['positive_rate_corrected']:.4f})",
+            f"calibration (corrected) {scores['calibration_corrected']:.3f}",
+        ]
+    else:
+        parts += [
+            f"positive rate {scores['positive_rate']:.4f}",
+            f"calibration {scores['calibration']:.3f}",
+        ]
+    if "oracle_auc" in scores:
+        parts.append(
+            f"oracle AUC {scores['oracle_auc']:.4f}, log loss {scores['oracle_logloss']:.4f}"
+        )
+    if scores.get("oracle_missing"):
+        parts.append(f"{scores['oracle_missing']:,.0f} rows without an oracle value")
+    return f"{scores['count']:,.0f} rows: " + ", ".join(parts)
+
+
+SHOWN_WINDOWS = 12
+"""Event-time windows a summary prints per channel (the latest); MLflow has them all."""
+
+
+def summary_lines(result: TrainResult) -> list[str]:
+    """The run's progressive figures as lines for people: per channel (with how its rows were
+    labelled), first-seen against repeated rows, the latest event-time windows, freshness."""
+    lines = []
+    if result.overall:
+        lines.append(f"progressive, all rows: {_figures(result.overall)}")
+    for channel, scores in result.by_channel.items():
+        labels = result.labels.get(channel, {})
+        how = f" [labels {labels['strategy']}, loss {labels['correction']}]" if labels else ""
+        lines.append(f"progressive, channel {channel}{how}: {_figures(scores)}")
+    for cut, scores in result.by_pass.items():
+        note = " (trained on before: not generalisation)" if cut == "repeated" else ""
+        lines.append(f"progressive, {cut.replace('_', ' ')} rows{note}: {_figures(scores)}")
+    for channel, windows in result.by_window.items():
+        starts = sorted(windows)
+        shown = starts[-SHOWN_WINDOWS:]
+        more = f", the last {len(shown)} of {len(starts)}" if len(shown) < len(starts) else ""
+        lines.append(f"progressive per event-time window, channel {channel}{more}:")
+        for start in shown:
+            when = datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            lines.append(f"  {when} UTC: {_figures(windows[start])}")
+    for channel, left in result.window_left_out.items():
+        if left["untimed"] or left["late"]:
+            lines.append(
+                f"  channel {channel}: {left['untimed']:,} rows without an event time and "
+                f"{left['late']:,} for windows already closed are in no window"
+            )
+    for since, _ in FRESHNESS:
+        for channel in result.times_since(since):
+            p50 = result.freshness(0.5, channel, since=since) or 0
+            p99 = result.freshness(0.99, channel, since=since) or 0
+            lines.append(
+                f"freshness {since} -> trained, channel {channel}: p50 {p50:.1f} s, p99 {p99:.1f} s"
+            )
+    return lines
