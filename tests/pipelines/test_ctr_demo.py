@@ -13,9 +13,12 @@ from pipelines.ctr_streaming import ctr_streaming
 
 
 def merged_by_hand(namespace: str, max_records_per_batch: int) -> Pipeline:
-    """ctr_demo as it was written before pipelines composed: sources and stages copied."""
+    """ctr_demo as it was written before pipelines composed: sources and stages copied (its
+    live stage emits impressions at once)."""
     history = ctr_backfill(namespace)
-    live = ctr_streaming(namespace, max_records_per_batch=max_records_per_batch)
+    live = ctr_streaming(
+        namespace, max_records_per_batch=max_records_per_batch, label_strategy="immediate"
+    )
     backfill = history.stage("backfill")
     streaming = live.stage("live")
     assert isinstance(backfill, BackfillStage)
