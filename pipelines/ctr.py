@@ -29,6 +29,8 @@ IMPRESSION_FIELDS = (
     Field("ts", "timestamp", required=True),
     Field("position", "int", min=1, max=50),
     Field("device", "string", allowed=("ios", "android", "web")),
+    # The probability the synthetic generator drew the click from; real data has none (null).
+    Field("p_click", "double", min=0, max=1),
 )
 CLICK_FIELDS = (
     Field("impression_id", "string", required=True),
@@ -98,5 +100,6 @@ def ctr_features() -> FeatureSpec:
             HashedSequence("user_recent_items", max_length=10, buckets=1 << 16),
         ),
         label="label",
-        passthrough=("ts", "label_time", "impression_id"),
+        # p_click rides along for the trainer's oracle AUC; no feature reads it.
+        passthrough=("ts", "label_time", "impression_id", "p_click"),
     )

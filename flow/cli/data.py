@@ -29,31 +29,60 @@ _namespace = click.option(
 @click.option("--items", default=2_000, show_default=True)
 @click.option("--seed", default=7, show_default=True)
 @click.option(
+    "--drift",
+    default=0.7,
+    show_default=True,
+    help="Amplitude (logit) of the waves in each category's appeal; 0: it never changes.",
+)
+@click.option(
+    "--new-items",
+    default=0.3,
+    show_default=True,
+    help="Share of items introduced over 14 days from the history's start; 0: none.",
+)
+@click.option(
     "--append", is_flag=True, help="Add days to existing history instead of replacing it."
 )
 @friendly
 def generate_history(
-    namespace: str, days: int, per_day: int, users: int, items: int, seed: int, append: bool
+    namespace: str,
+    days: int,
+    per_day: int,
+    users: int,
+    items: int,
+    seed: int,
+    drift: float,
+    new_items: float,
+    append: bool,
 ) -> None:
-    """Users, items and impression/click history in Iceberg (replaced unless --append)."""
+    """Users, items and impression/click history in Iceberg (replaced unless --append).
+
+    The world drifts (see --drift, --new-items) and is recorded with the items table, so a
+    later `flow generate stream` continues it; every impression carries p_click, the
+    probability its click was drawn from. --append keeps the recorded world.
+    """
     from flow.workflows.loading import write_history
     from flow.workflows.synthetic import SyntheticWorld
 
     stack = stack_config()
     started = time.monotonic()
+    world = SyntheticWorld(seed=seed, users=users, items=items, drift=drift, new_items=new_items)
     report = write_history(
         stack,
-        SyntheticWorld(seed=seed, users=users, items=items),
+        world,
         namespace=namespace,
         days=days,
         per_day=per_day,
         append=append,
         progress=progress,
     )
+    anchor = report.world.anchor
     console.print(
         f"{report.impressions:,} impressions, {report.clicks:,} clicks ({report.late_clicks:,} "
         f"after the 30-minute window), {report.users:,} users, {report.items:,} items in "
-        f"{namespace}.* ({time.monotonic() - started:.1f}s)"
+        f"{namespace}.* ({time.monotonic() - started:.1f}s); world: drift {report.world.drift}, "
+        f"{report.world.new_items:.0%} of items arriving over {report.world.arrival_days:g} days"
+        + (f" from {anchor:%Y-%m-%d %H:%M}" if anchor else "")
     )
 
 
