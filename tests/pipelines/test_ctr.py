@@ -61,8 +61,10 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
     running_stack: StackConfig, stack_env: dict[str, str]
 ) -> None:
     # Event times relative to today: the live source dead-letters events more than
-    # KafkaSource.max_past (30 days) before the processing time, so fixed dates would age out.
-    base = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    # KafkaSource.max_past (30 days) before the processing time, so fixed dates would age out;
+    # and more than max_future (10 minutes) after it, which a late click (up to 90 minutes after
+    # its impression) would be if the stream ended under 90 minutes ago: it ends 2 h ago or more.
+    base = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=5)
     history = write_history(
         running_stack,
         SyntheticWorld(seed=21, users=3000, items=600),
