@@ -7,6 +7,7 @@ waves and the same items arriving at the same times.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -20,7 +21,14 @@ from flow.config import StackConfig
 from flow.errors import ConfigError, ServiceError
 from flow.stack.iceberg import open_catalog
 from flow.stack.kafka import ensure_topics, producer
-from flow.workflows.streaming import StreamPlan, StreamReport, encode_stream, pace
+from flow.workflows.streaming import (
+    Realtime,
+    StreamPlan,
+    StreamReport,
+    encode_stream,
+    pace,
+    stream_realtime,
+)
 from flow.workflows.synthetic import (
     CATEGORIES,
     CLICKS_SCHEMA,
@@ -37,6 +45,7 @@ __all__ = [
     "HistoryReport",
     "StreamReport",
     "dimensions",
+    "produce_realtime",
     "produce_stream",
     "topics",
     "update_users",
@@ -269,7 +278,8 @@ def produce_stream(
 
     ``rate``: records per second (0: as fast as Kafka takes them). Event times run from
     ``start`` (default now) over ``span`` (default: what ``rate`` implies, else 10 ms per
-    impression), in the world recorded with the history (see ``dimensions``).
+    impression), in the world recorded with the history (see ``dimensions``). For events
+    stamped as they are sent, with clicks sent when they come due, see ``produce_realtime``.
     """
     if not 0 <= malformed_share < 1:
         raise ConfigError(f"malformed_share={malformed_share} must be in [0, 1)")
@@ -314,6 +324,36 @@ def produce_stream(
         last_ts=plan.last_ts,
         seconds=(datetime.now(UTC) - begun).total_seconds(),
     )
+
+
+def produce_realtime(
+    stack: StackConfig,
+    config: Realtime,
+    *,
+    namespace: str = "ctr",
+    world: SyntheticWorld | None = None,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    progress: Progress = _quiet,
+) -> StreamReport:
+    """Impressions at ``config.rate`` per second to the namespace's topics, stamped with the
+    time they are sent, and their clicks when they come due (``stream_realtime``), in the
+    world recorded with the history. Runs for ``config.duration`` seconds or ``config.count``
+    impressions, or until Ctrl-C; clicks not yet due then are reported, not sent."""
+    dims = _stream_dimensions(stack, namespace, world, progress)
+    sink = _KafkaSink(stack, namespace)
+    report = stream_realtime(
+        dims.users,
+        dims.items,
+        sink.send,
+        config,
+        world=dims.world,
+        clock=clock,
+        sleep=sleep,
+        progress=progress,
+    )
+    sink.close()
+    return report
 
 
 def update_users(
