@@ -31,6 +31,8 @@ IMPRESSION_FIELDS = (
     Field("ts", "timestamp", required=True),
     Field("position", "int", min=1, max=50),
     Field("device", "string", allowed=("ios", "android", "web")),
+    # The probability the synthetic generator drew the click from; real data has none (null).
+    Field("p_click", "double", min=0, max=1),
 )
 CLICK_FIELDS = (
     Field("impression_id", "string", required=True),
@@ -101,5 +103,7 @@ def ctr_features() -> FeatureSpec:
             HashedSequence("user_recent_items", max_length=10, buckets=1 << 16),
         ),
         label="label",
-        passthrough=("ts", "label_time", "impression_id", "produced_at"),
+        # p_click rides along for the trainer's oracle AUC (no feature reads it); produced_at
+        # for the trainer's freshness from production to training.
+        passthrough=("ts", "label_time", "impression_id", "p_click", "produced_at"),
     )

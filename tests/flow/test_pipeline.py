@@ -251,9 +251,9 @@ def test_definitions_still_pickle_and_copy() -> None:
 
 
 def test_the_ctr_spec_keeps_the_fingerprint_its_fitted_states_were_saved_under() -> None:
-    # A rename (Sequence to HashedSequence) must not orphan fitted states; a new passthrough
-    # column (produced_at) changes the rows, and so the fingerprint, on purpose.
-    assert ctr_features().fingerprint == "3090a92016b224c4"
+    # A rename must not orphan states (Sequence -> HashedSequence kept "b4110a52becf4d35");
+    # new passthrough columns (p_click, produced_at) changed the rows, and so this value.
+    assert ctr_features().fingerprint == "9133a6feea66abe3"
 
 
 def test_the_spec_fingerprint_follows_every_change() -> None:

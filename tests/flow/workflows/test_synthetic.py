@@ -9,23 +9,24 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from flow.workflows.synthetic import (
-    ClickModel,
-    Events,
-    StreamPlan,
-    SyntheticWorld,
-    encode_stream,
-    simulate,
-)
+from flow.errors import ConfigError
+from flow.workflows.streaming import StreamPlan, encode_stream
+from flow.workflows.synthetic import ClickModel, Events, SyntheticWorld, simulate
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
 def world() -> tuple[SyntheticWorld, Events]:
-    w = SyntheticWorld(seed=3, users=2000, items=400)
+    w = SyntheticWorld(seed=3, users=2000, items=400, anchor=START - timedelta(days=1))
     events = simulate(
-        w.users_table(), w.items_table(), count=40_000, start=START, span=timedelta(hours=6), seed=5
+        w.users_table(),
+        w.items_table(),
+        count=40_000,
+        start=START,
+        span=timedelta(hours=6),
+        seed=5,
+        world=w,
     )
     return w, events
 
@@ -73,9 +74,11 @@ def test_ids_are_skewed_values_go_missing_and_clicks_follow_impressions(
     assert events.late_clicks > 0
 
 
-def test_the_signal_is_learnable(world: tuple[SyntheticWorld, Events]) -> None:
+def test_the_signal_is_learnable_and_p_click_is_the_truth(
+    world: tuple[SyntheticWorld, Events],
+) -> None:
     w, events = world
-    model = ClickModel(w.users_table(), w.items_table())
+    model = ClickModel(w.users_table(), w.items_table(), w)
     imps = events.impressions
     clicked = set(events.clicks.column("impression_id").to_pylist())
     labels = np.array([i in clicked for i in imps.column("impression_id").to_pylist()])
@@ -84,8 +87,22 @@ def test_the_signal_is_learnable(world: tuple[SyntheticWorld, Events]) -> None:
         imps.column("item_id").to_numpy(),
         imps.column("position").to_numpy(),
         imps.column("device").to_pylist(),
+        imps.column("ts").to_numpy(),
     )
     assert auc(scores, labels) > 0.65
+    recorded = imps.column("p_click").to_numpy()
+    np.testing.assert_allclose(recorded, scores, rtol=1e-9)  # ts stored to the microsecond
+    assert imps.schema.field("p_click").type == "double"
+    assert abs(labels.mean() - recorded.mean()) < 0.01, "clicks are drawn from p_click"
+
+
+def test_the_world_round_trips_through_its_table_property() -> None:
+    w = SyntheticWorld(seed=9, users=10, items=10, drift=0.3, anchor=START)
+    assert SyntheticWorld.from_property(w.to_property()) == w
+    with pytest.raises(ConfigError, match=r"SyntheticWorld\.anchor is not set"):
+        ClickModel(w.users_table(), w.items_table(), SyntheticWorld(users=10, items=10))
+    with pytest.raises(ConfigError, match="new_items=1"):
+        SyntheticWorld(new_items=1)
 
 
 def test_the_stream_is_in_event_time_order_and_broken_where_asked(
