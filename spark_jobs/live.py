@@ -198,9 +198,11 @@ def _await(
             _poll(query, watch, on_batch)
             if deadline is not None and time.monotonic() > deadline:
                 progress(f"duration of {options.duration_s:.0f}s reached; stopping the query")
+                _stop_between_batches(query)
                 break
             if stop():
                 progress("asked to stop; stopping the query")
+                _stop_between_batches(query)
                 break
     finally:
         if query.isActive:
@@ -209,6 +211,20 @@ def _await(
     failed = _failure(query)
     if failed is not None:
         raise failed
+
+
+def _stop_between_batches(query: StreamingQuery, patience_s: float = 60.0) -> None:
+    """Stop the query once its running micro-batch (if any) is done.
+
+    ``stop()`` interrupts a batch wherever it is, possibly between its training commit and the
+    commit of its counts (LiveRun.count reports such a batch apart; the next run replays it).
+    Between batches there is nothing to interrupt; a query that falls behind its trigger starts
+    the next batch at once, so this lowers the odds rather than rule it out.
+    """
+    deadline = time.monotonic() + patience_s
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
 
 
 def backoff_s(attempt: int) -> float:
@@ -428,7 +444,18 @@ class LiveRun(StageRun[LiveStage]):
         and what the query's progress said during this run."""
         report, stage = self.report, self.stage
         ledger = writer_totals(self.spark, outputs.dead_letters, outputs.writer)
-        report.training_rows, report.positives = outputs.training.totals()
+        # A batch stopped between its two commits (training rows, then its counts) has rows
+        # without counts: it is replayed by the next run, which counts it; until then its rows
+        # are left out here (and said), so what is reported reconciles.
+        counted = BatchLedger(self.spark, outputs.dead_letters, outputs.writer).last
+        report.training_rows, report.positives = outputs.training.totals(upto=counted)
+        if outputs.training.last > counted:
+            rows, _ = outputs.training.totals()
+            self.progress(
+                f"{stage.name}: batch {outputs.training.last} was stopped after its "
+                f"{rows - report.training_rows:,} rows were committed and before its counts "
+                "were; the next run replays it and counts them"
+            )
 
         def outcome(kind: str, source: str) -> int:
             return int(ledger[f"flow.{kind}.{source}"])

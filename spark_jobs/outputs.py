@@ -32,8 +32,8 @@ class TrainingSink(Protocol):
 
     def append(self, rows: DataFrame, batch_id: int, positives: int) -> None: ...
 
-    def totals(self) -> tuple[int, int]:
-        """(rows, positives) over every batch this writer committed."""
+    def totals(self, upto: int | None = None) -> tuple[int, int]:
+        """(rows, positives) over every batch this writer committed (up to batch ``upto``)."""
         ...
 
 
@@ -94,9 +94,9 @@ class _HandoffSink:
         )
         self.last = batch_id
 
-    def totals(self) -> tuple[int, int]:
-        commits = [self.channel.commit(b) for b in self._ids()]
-        mine = [c for c in commits if c.writer == self.writer]
+    def totals(self, upto: int | None = None) -> tuple[int, int]:
+        ids = [b for b in self._ids() if upto is None or b <= upto]
+        mine = [c for c in (self.channel.commit(b) for b in ids) if c.writer == self.writer]
         return sum(c.rows for c in mine), int(sum(c.stats.get("positives", 0) for c in mine))
 
 
@@ -114,8 +114,8 @@ class _TableSink:
         self.ledger.append(rows, batch_id, {"flow.positives": positives})
         self.last = self.ledger.last
 
-    def totals(self) -> tuple[int, int]:
-        found = writer_totals(self.spark, self.where, self.writer)
+    def totals(self, upto: int | None = None) -> tuple[int, int]:
+        found = writer_totals(self.spark, self.where, self.writer, upto)
         return found["added-records"], found["flow.positives"]
 
 

@@ -137,13 +137,18 @@ def _append(
     write.append()
 
 
-def writer_totals(spark: SparkSession, table: str, writer: str) -> Counter[str]:
-    """Sums over every commit of ``writer``: ``added-records`` and each ``flow.*`` count."""
+def writer_totals(
+    spark: SparkSession, table: str, writer: str, upto: int | None = None
+) -> Counter[str]:
+    """Sums over every commit of ``writer`` (of batches up to ``upto``, if given):
+    ``added-records`` and each ``flow.*`` count."""
     totals: Counter[str] = Counter()
     if not spark.catalog.tableExists(table):
         return totals
     for row in _commits(spark, table, writer).select("summary").collect():
         summary = row["summary"]
+        if upto is not None and int(summary.get("flow.batch") or -1) > upto:
+            continue
         totals["commits"] += 1
         totals["added-records"] += int(summary.get("added-records") or 0)
         for key, value in summary.items():

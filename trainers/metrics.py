@@ -296,4 +296,11 @@ class Scores:
         if oracle["count"]:
             found["oracle_auc"] = oracle["auc"]
             found["oracle_logloss"] = oracle["logloss"]
+            # The true click rate per impression: the oracle's mean probability (over the
+            # impressions: the first rows, with immediate labels), calibration x positive rate.
+            corrected = "calibration_corrected" in oracle
+            calibration = oracle["calibration_corrected" if corrected else "calibration"]
+            rate = oracle["positive_rate_corrected" if corrected else "positive_rate"]
+            if math.isfinite(calibration) and math.isfinite(rate):
+                found["oracle_rate"] = calibration * rate
         return found

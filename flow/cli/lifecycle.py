@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 import click
 from rich.markup import escape
@@ -22,17 +23,49 @@ __all__ = ["demo", "insight", "retrain", "schedule"]
 @click.command()
 @click.option("--days", default=3, show_default=True, help="Days of Iceberg history.")
 @click.option("--per-day", default=20_000, show_default=True, help="Impressions per day.")
-@click.option("--live", default=20_000, show_default=True, help="Impressions in the Kafka stream.")
+@click.option(
+    "--rate", default=100.0, show_default=True, help="Live impressions per second, in real time."
+)
+@click.option(
+    "--live-seconds", default=120.0, show_default=True, help="Seconds the live stage runs."
+)
+@click.option("--trigger", default="5 seconds", show_default=True, help="Micro-batch interval.")
 @click.option("--per-batch", default=5_000, show_default=True, help="Impressions per micro-batch.")
+@click.option(
+    "--labels",
+    type=click.Choice(["immediate", "window"]),
+    default="immediate",
+    show_default=True,
+    help="When the live stage emits an impression: at once (and again with its click), or "
+    "once its label window has passed.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Also print the summary as JSON.")
 @friendly
-def demo(days: int, per_day: int, live: int, per_batch: int, as_json: bool) -> None:
-    """The whole product end to end: data, backfill and live stages, a trainer, a summary."""
+def demo(
+    days: int,
+    per_day: int,
+    rate: float,
+    live_seconds: float,
+    trigger: str,
+    per_batch: int,
+    labels: Literal["immediate", "window"],
+    as_json: bool,
+) -> None:
+    """The whole product end to end: data, backfill and live stages on a real-time stream, a
+    trainer, a summary."""
     from flow.workflows.demo import DemoSize, run_demo, show, summarize
 
     started = time.monotonic()
     stack = stack_up()
-    size = DemoSize(days=days, per_day=per_day, live=live, per_batch=per_batch)
+    size = DemoSize(
+        days=days,
+        per_day=per_day,
+        rate=rate,
+        live_s=live_seconds,
+        trigger=trigger,
+        per_batch=per_batch,
+        labels=labels,
+    )
     parent = run_demo(stack, size, spark_launcher(stack), progress)
     summary = summarize(stack, parent)
     show(summary, console)

@@ -1,12 +1,18 @@
 """``flow demo``: the whole product on the local stack, end to end, in a few minutes.
 
-1. fresh data in the ``demo`` namespace: Iceberg users, items and days of impression and click
-   history; a Kafka backlog of recent impressions and clicks with a share of malformed records;
+1. fresh data in the ``demo`` namespace: Iceberg users and items and days of impression and
+   click history from a world that drifts (category appeal, new items), up to now;
 2. one Spark job (``pipelines/ctr_demo.py``): the backfill stage fits the features over the
-   history and writes channel ``backfill``; the live stage then works off the Kafka backlog in
-   micro-batches, each a commit on channel ``live``;
-3. beside it, a trainer (DLRM) reads ``backfill`` and then follows ``live`` as commits land;
-4. a summary read back from MLflow, where every stage has its run under one parent run.
+   history and writes channel ``backfill``; the live stage then runs for ``live_s`` seconds on
+   Kafka in micro-batches, each a commit on channel ``live``, emitting every impression at once
+   and again when its click comes (``immediate`` labels);
+3. beside it, in real time, a stream of impressions stamped as they are sent, each click sent
+   when it comes due (it starts when the backfill is done, with the live stage);
+4. beside both, a trainer (DLRM) reads ``backfill`` and then follows ``live`` as commits land,
+   correcting the immediate labels' bias (fake-negative weighted loss);
+5. a summary read back from MLflow and the channel: the model's AUC beside the oracle's (the
+   world's true click probability) on the same rows, the live rows' corrected positive rate and
+   calibration, and freshness from production to commit and to training.
 
 Each run starts the namespace afresh (topics, checkpoints, channels, feature state), so its
 counts reconcile on their own.
@@ -14,16 +20,18 @@ counts reconcile on their own.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from flow.config import StackConfig
+from flow.handoff.channel import Channel
 from flow.storage import namespace_locations
 from flow.training import ModelConfig, OptimConfig, TrainConfig
 
@@ -37,53 +45,99 @@ MODEL_NAME = "ctr-demo"
 class DemoSize:
     days: int = 3
     per_day: int = 20_000
-    live: int = 20_000
+    rate: float = 100.0
+    """Live impressions per second, in real time (their clicks come on top)."""
+    live_s: float = 120.0
+    """Seconds the live stage runs, the real-time stream beside it."""
+    trigger: str = "5 seconds"
+    """The live stage's micro-batch interval."""
     per_batch: int = 5_000
     malformed_share: float = 0.02
     batch_size: int = 1024
+    labels: Literal["window", "immediate"] = "immediate"
+    """When the live stage emits an impression (LabelJoin.strategy)."""
 
 
-def _reset(stack: StackConfig, say: Callable[[str], None]) -> None:
+def _reset(stack: StackConfig, namespace: str, say: Callable[[str], None]) -> None:
     from flow.stack.kafka import delete_topics
     from flow.workflows.loading import topics
 
-    delete_topics(stack.kafka, topics(NAMESPACE).values())
-    where = namespace_locations(stack, NAMESPACE)
+    delete_topics(stack.kafka, topics(namespace).values())
+    where = namespace_locations(stack, namespace)
     for folder in (where.checkpoints, where.handoff, where.feature_state):
         folder.remove()
-    say(f"namespace {NAMESPACE}: topics, checkpoints, channels and feature state reset")
+    say(f"namespace {namespace}: topics, checkpoints, channels and feature state reset")
 
 
-def _generate(stack: StackConfig, size: DemoSize, say: Callable[[str], None]) -> None:
-    from flow.workflows.loading import produce_stream, write_history
+def _history(
+    stack: StackConfig, size: DemoSize, namespace: str, say: Callable[[str], None]
+) -> None:
+    from flow.workflows.loading import write_history
     from flow.workflows.synthetic import SyntheticWorld
 
-    now = datetime.now(UTC)
     history = write_history(
         stack,
         SyntheticWorld(seed=7, users=10_000, items=2_000),
-        namespace=NAMESPACE,
+        namespace=namespace,
         days=size.days,
         per_day=size.per_day,
-        end=now - timedelta(hours=1),
+        end=datetime.now(UTC),
         progress=say,
     )
     say(f"history: {history.impressions:,} impressions, {history.clicks:,} clicks in Iceberg")
-    stream = produce_stream(
-        stack,
-        namespace=NAMESPACE,
-        count=size.live,
-        malformed_share=size.malformed_share,
-        # Event times over the last 100 minutes: a negative is known only once its 30-minute
-        # label window has passed the watermark, so the newest ~40 minutes stay pending.
-        start=now - timedelta(minutes=100),
-        span=timedelta(minutes=100),
-        seed=11,
-    )
-    say(
-        f"stream: {stream.impressions:,} impressions to Kafka, "
-        f"{sum(stream.malformed.values()):,} malformed records among them"
-    )
+
+
+class _LiveStream:
+    """The real-time stream of the demo, on a thread: it waits for the backfill's channel to
+    close (the live stage starts then), sends for ``live_s`` seconds, and says what it sent."""
+
+    def __init__(
+        self, stack: StackConfig, size: DemoSize, namespace: str, say: Callable[[str], None]
+    ) -> None:
+        self.stack, self.size, self.namespace, self.say = stack, size, namespace, say
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="demo-stream", daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        from flow.workflows.loading import produce_realtime
+        from flow.workflows.streaming import Realtime
+
+        try:
+            where = namespace_locations(self.stack, self.namespace).handoff.uri
+            backfill = Channel(where, "backfill")
+            while not (backfill.exists() and backfill.closed()):
+                if self.stopping.wait(1.0):
+                    return
+            size = self.size
+            self.say(f"stream: {size.rate:g} impressions/s in real time for {size.live_s:g} s")
+            config = Realtime(
+                rate=size.rate, duration=size.live_s, malformed_share=size.malformed_share
+            )
+            report = produce_realtime(
+                self.stack,
+                config,
+                namespace=self.namespace,
+                progress=self.say,
+                stop=self.stopping.is_set,
+            )
+            self.say(
+                f"stream: {report.impressions:,} impressions ({sum(report.malformed.values()):,} "
+                f"malformed) and {report.clicks:,} clicks sent; {report.pending_clicks:,} clicks "
+                "not due yet when it stopped"
+            )
+        except BaseException as error:  # reported by the demo, which goes on without it
+            self.error = error
+
+    def __enter__(self) -> _LiveStream:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=30)
+        if self.error is not None:
+            self.say(f"stream: failed ({type(self.error).__name__}: {self.error})")
 
 
 def run_demo(
@@ -91,22 +145,23 @@ def run_demo(
     size: DemoSize,
     launch_spark: Callable[[Sequence[str], dict[str, str]], int],
     say: Callable[[str], None],
+    namespace: str = NAMESPACE,
 ) -> str:
-    """Data, Spark job and trainer; the MLflow run they nest under."""
+    """Data, Spark job, real-time stream and trainer; the MLflow run they nest under."""
     from flow.workflows.together import run_together
 
-    _reset(stack, say)
-    _generate(stack, size, say)
+    _reset(stack, namespace, say)
+    _history(stack, size, namespace, say)
     trainer = TrainConfig(
         channels=("backfill", "live"),
-        namespace=NAMESPACE,
+        namespace=namespace,
         model=ModelConfig("dlrm"),
         optim=OptimConfig(lr=0.01),
         batch_size=size.batch_size,
         log_every=20,
         event_time="ts",
-        # The synthetic world's true click probability, when its rows carry it: the summary
-        # prints the oracle's AUC beside the model's (rows without it are left out and counted).
+        # The synthetic world's true click probability: the summary prints the oracle's AUC
+        # beside the model's, on the same rows.
         oracle="p_click",
         register_as=MODEL_NAME,
         checkpoint_every=100,
@@ -114,11 +169,21 @@ def run_demo(
     app = [
         "pipelines/ctr_demo.py",
         "--namespace",
-        NAMESPACE,
+        namespace,
         "--max-records-per-batch",
         str(size.per_batch),
+        "--trigger",
+        size.trigger,
+        "--label-strategy",
+        size.labels,
+        "--continuous",
+        "--duration",
+        f"{size.live_s:g}",
     ]
-    return run_together(app, trainer, 1, stack, launch_spark, say, experiment="pipeline-ctr_demo")
+    with _LiveStream(stack, size, namespace, say):
+        return run_together(
+            app, trainer, 1, stack, launch_spark, say, experiment="pipeline-ctr_demo"
+        )
 
 
 def _runs(stack: StackConfig, parent: str) -> dict[str, Any]:
@@ -132,70 +197,118 @@ def _runs(stack: StackConfig, parent: str) -> dict[str, Any]:
     return {r.info.run_name: r for r in children}
 
 
-def summarize(stack: StackConfig, parent: str) -> dict[str, Any]:
-    """The figures of a demo run, from its MLflow runs."""
+def _figures(train: dict[str, float], channel: str) -> dict[str, float | None]:
+    """A channel's progressive figures from the trainer's run: the model's and the oracle's."""
+    names = ("auc", "logloss", "oracle_auc", "oracle_logloss", "oracle_rate", "positive_rate")
+    found = {name: train.get(f"run_progressive_{name}.{channel}") for name in names}
+    for name in ("positive_rate", "calibration"):  # the corrected ones where labels are biased
+        corrected = train.get(f"run_progressive_{name}_corrected.{channel}")
+        found[name] = corrected if corrected is not None else found.get(name)
+    found["calibration"] = found.get("calibration") or train.get(
+        f"run_progressive_calibration.{channel}"
+    )
+    return found
+
+
+def summarize(stack: StackConfig, parent: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """The figures of a demo run, from its MLflow runs and its live channel."""
+    from flow.insight.freshness import channel_freshness
+
     runs = _runs(stack, parent)
     stages = {}
     for name in ("backfill", "live"):
         if name in runs:
             m = runs[name].data.metrics
-            stages[name] = {
-                k: int(m.get(k, 0)) for k in ("rows_in", "rows_out", "dead_letters", "pending")
-            } | {"reconciled": bool(m.get("reconciled", 0))}
+            keys = ("rows_in", "rows_out", "dead_letters", "pending", "relabelled")
+            stages[name] = {k: int(m.get(k, 0)) for k in keys} | {
+                "reconciled": bool(m.get("reconciled", 0)),
+                "labels": runs[name].data.tags.get("lineage.label_strategy", "none"),
+            }
     train = runs["train"].data.metrics if "train" in runs else {}
+    handoff = namespace_locations(stack, namespace).handoff.uri
+    live = Channel(handoff, "live")
+    committed = channel_freshness(handoff, "live") if live.exists() else None
     return {
         "parent_run": parent,
         "stages": stages,
         "auc": train.get("run_progressive_auc"),
         "logloss": train.get("run_progressive_logloss"),
-        "live_auc": train.get("run_progressive_auc.live"),
-        "live_logloss": train.get("run_progressive_logloss.live"),
-        "live_oracle_auc": train.get("run_progressive_oracle_auc.live"),
-        "live_calibration": train.get(
-            "run_progressive_calibration_corrected.live",
-            train.get("run_progressive_calibration.live"),
-        ),
+        "backfill": _figures(train, "backfill"),
+        "live": _figures(train, "live"),
         "samples_per_s": train.get("samples_per_s"),
         "data_stall_fraction": train.get("data_stall_fraction"),
         "trained_rows": int(train.get("rows", 0)),
-        "freshness_p50_s": train.get("freshness_p50_s.live"),
-        "freshness_p99_s": train.get("freshness_p99_s.live"),
+        "freshness": {
+            "produced_to_committed": committed.produced_to_committed if committed else {},
+            "produced_to_trained": {
+                q: train.get(f"freshness_produced_{q}_s.live") for q in ("p50", "p99")
+            },
+            "event_to_trained": {q: train.get(f"freshness_{q}_s.live") for q in ("p50", "p99")},
+        },
         "ui": f"{stack.mlflow.tracking_uri}/#/experiments/"
         f"{runs['train'].info.experiment_id if 'train' in runs else ''}/runs/{parent}",
     }
 
 
+def _fmt(value: float | None, pattern: str) -> str:
+    return pattern.format(value) if value is not None else "n/a"
+
+
+def _lags(lags: dict[str, float | None]) -> str:
+    return f"p50 {_fmt(lags.get('p50'), '{:.1f}')} s, p99 {_fmt(lags.get('p99'), '{:.1f}')} s"
+
+
 def show(summary: dict[str, Any], console: Console) -> None:
     table = Table(title="demo: stages", title_justify="left")
-    for header in ("stage", "rows in", "training rows", "dead letters", "pending", "counts"):
-        table.add_column(header, justify="left" if header in ("stage", "counts") else "right")
+    headers = ("stage", "labels", "rows in", "training rows", "dead letters", "pending", "counts")
+    for header in headers:
+        left = header in ("stage", "labels", "counts")
+        table.add_column(header, justify="left" if left else "right")
     for name, s in summary["stages"].items():
         table.add_row(
             name,
+            s["labels"],
             f"{s['rows_in']:,}",
-            f"{s['rows_out']:,}",
+            f"{s['rows_out']:,}" + (f" ({s['relabelled']:,} again)" if s["relabelled"] else ""),
             f"{s['dead_letters']:,}",
             f"{s['pending']:,}",
             "[green]reconcile[/]" if s["reconciled"] else "[red]do NOT reconcile[/]",
         )
     console.print(table)
 
-    def fmt(value: float | None, pattern: str) -> str:
-        return pattern.format(value) if value is not None else "n/a"
-
+    quality = Table(title="demo: the model against the oracle (progressive)", title_justify="left")
+    for header in ("rows", "AUC", "oracle AUC", "log loss", "oracle log loss", "positive rate",
+                   "true rate", "calibration"):  # fmt: skip
+        quality.add_column(header, justify="left" if header == "rows" else "right")
+    for channel in ("backfill", "live"):
+        f = summary[channel]
+        quality.add_row(
+            channel,
+            _fmt(f["auc"], "{:.3f}"),
+            _fmt(f["oracle_auc"], "{:.3f}"),
+            _fmt(f["logloss"], "{:.4f}"),
+            _fmt(f["oracle_logloss"], "{:.4f}"),
+            _fmt(f["positive_rate"], "{:.2%}"),
+            _fmt(f["oracle_rate"], "{:.2%}"),
+            _fmt(f["calibration"], "{:.3f}"),
+        )
+    console.print(quality)
+    fresh = summary["freshness"]
     lines = [
         ("trained on", f"{summary['trained_rows']:,} rows"),
-        ("AUC, all rows (progressive)", fmt(summary["auc"], "{:.3f}")),
-        ("AUC, live rows (progressive)", fmt(summary["live_auc"], "{:.3f}")),
-        ("oracle AUC, the same rows", fmt(summary["live_oracle_auc"], "{:.3f}")),
-        ("calibration, live rows", fmt(summary["live_calibration"], "{:.3f}")),
-        ("log loss, live rows", fmt(summary["live_logloss"], "{:.4f}")),
-        ("samples/s", fmt(summary["samples_per_s"], "{:,.0f}")),
-        ("waiting for data", fmt(summary["data_stall_fraction"], "{:.1%} of the time")),
-        ("event -> training, live p50", fmt(summary["freshness_p50_s"], "{:.0f} s")),
-        ("event -> training, live p99", fmt(summary["freshness_p99_s"], "{:.0f} s")),
+        ("samples/s", _fmt(summary["samples_per_s"], "{:,.0f}")),
+        ("waiting for data", _fmt(summary["data_stall_fraction"], "{:.1%} of the time")),
+        ("live: produced -> committed", _lags(fresh["produced_to_committed"])),
+        ("live: produced -> trained", _lags(fresh["produced_to_trained"])),
+        ("live: event -> trained", _lags(fresh["event_to_trained"])),
         ("model", f"registered as {MODEL_NAME}"),
         ("MLflow", summary["ui"]),
     ]
     for label, value in lines:
         console.print(f"  {label:30} {escape(value)}", highlight=False)
+    console.print(
+        "  (live positive rate and calibration are corrected for immediate labels: positives "
+        "over impressions; the oracle is the world's true click probability, the true rate its "
+        "mean: clicks beyond the 30-minute window, 4 % of them, label nothing)",
+        highlight=False,
+    )

@@ -335,6 +335,7 @@ def produce_realtime(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     progress: Progress = _quiet,
+    stop: Callable[[], bool] = lambda: False,
 ) -> StreamReport:
     """Impressions at ``config.rate`` per second to the namespace's topics, stamped with the
     time they are sent, and their clicks when they come due (``stream_realtime``), in the
@@ -351,6 +352,7 @@ def produce_realtime(
         clock=clock,
         sleep=sleep,
         progress=progress,
+        stop=stop,
     )
     sink.close()
     return report

@@ -439,9 +439,10 @@ def stream_realtime(
     sleep: Callable[[float], None] = time.sleep,
     progress: Callable[[str], None] = _quiet,
     id_prefix: str | None = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> StreamReport:
     """Send impressions at ``config.rate`` per second, stamped with the time they are sent,
-    and each click when it comes due, until ``duration`` or ``count`` (or Ctrl-C).
+    and each click when it comes due, until ``duration`` or ``count``, ``stop()`` or Ctrl-C.
 
     ``clock`` is the wall clock in seconds since the Unix epoch (event times come from it);
     ``sleep`` waits. Clicks not yet due when it stops are counted, not sent; records held back
@@ -461,7 +462,7 @@ def stream_realtime(
     try:
         while run.drawn() < limit:
             now = clock()
-            if now >= end:
+            if now >= end or stop():
                 break
             stamp: str | None = None
             while run.drawn() < limit:
@@ -491,7 +492,8 @@ def stream_realtime(
                 end,
                 next_progress,
             )
-            sleep(max(wake - clock(), config.tick))
+            # At most a second at a time: a stop() is seen within one.
+            sleep(min(max(wake - clock(), config.tick), 1.0))
     except KeyboardInterrupt:
         progress("interrupted: stopping the stream")
     stopped = clock()

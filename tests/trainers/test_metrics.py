@@ -194,7 +194,17 @@ def test_the_oracle_is_scored_on_the_same_rows_and_labels_without_its_nulls():
     p, y, w = truth[known], labels.double().numpy()[known], weights.double().numpy()[known]
     loss = -(y * np.log(p) + (1 - y) * np.log(1 - p))
     assert result["oracle_logloss"] == pytest.approx(float((w * loss).sum() / w.sum()), rel=1e-5)
+    # The true rate: the oracle's mean probability over its rows.
+    assert result["oracle_rate"] == pytest.approx(float((w * p).sum() / w.sum()), rel=1e-5)
     assert "oracle_auc" not in Scores(oracle=False).compute()
+
+
+def test_with_immediate_labels_the_true_rate_is_over_impressions_not_rows():
+    # Two impressions, one clicked: rows (negative, negative, its positive again).
+    scores = Scores(oracle=True)
+    truth = np.array([0.2, 0.6, 0.6])
+    scores.update(torch.zeros(3), torch.tensor([0.0, 0.0, 1.0]), immediate=True, oracle=truth)
+    assert scores.compute()["oracle_rate"] == pytest.approx(0.4)  # (0.2 + 0.6) / 2
 
 
 def _rank(rank: int, world: int, store: str, out: str) -> None:

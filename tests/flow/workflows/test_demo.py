@@ -14,7 +14,7 @@ from tests.support import run_flow
 def test_the_demo_runs_end_to_end_and_its_summary_reconciles(
     running_stack: StackConfig, stack_env: dict[str, str]
 ) -> None:
-    args = ["demo", "--days", "1", "--per-day", "3000", "--live", "3000", "--per-batch", "1000"]
+    args = ["demo", "--days", "1", "--per-day", "3000", "--rate", "50", "--live-seconds", "40"]
     done = run_flow([*args, "--json"], stack_env, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -25,7 +25,13 @@ def test_the_demo_runs_end_to_end_and_its_summary_reconciles(
     assert live["dead_letters"] > 0, "the stream carries malformed records"
     assert summary["trained_rows"] == backfill["rows_out"] + live["rows_out"]
     assert 0.0 <= summary["auc"] <= 1.0  # a figure, not NaN (too little data here to learn much)
-    assert summary["freshness_p50_s"] is not None
+    assert summary["stages"]["live"]["labels"] == "immediate"
+    assert live["relabelled"] > 0, "clicks came within the run: their impressions left again"
+    # The oracle (the world's true click probability) is scored on the same rows.
+    assert summary["live"]["oracle_auc"] is not None
+    fresh = summary["freshness"]
+    assert fresh["produced_to_committed"]["p50"] > 0
+    assert fresh["produced_to_trained"]["p50"] is not None
     # The table a person reads (stderr) says the same as the JSON: one row per stage.
     rows = {
         stage: line
