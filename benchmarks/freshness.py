@@ -64,7 +64,10 @@ def _stage_lag(stack: StackConfig, parent: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=2000.0, help="impressions per second")
-    parser.add_argument("--seconds", type=float, default=180.0, help="live stage's run time")
+    parser.add_argument("--seconds", type=float, default=180.0, help="seconds of impressions")
+    parser.add_argument(
+        "--drain", type=float, default=120.0, help="seconds more for the clicks still to come"
+    )
     parser.add_argument("--trigger", default="10 seconds", help="micro-batch interval")
     parser.add_argument("--per-batch", type=int, default=100_000, help="impressions per batch")
     parser.add_argument("--labels", choices=("immediate", "window"), default="immediate")
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         per_day=args.per_day,
         rate=args.rate,
         live_s=args.seconds,
+        drain_s=args.drain,
         trigger=args.trigger,
         per_batch=args.per_batch,
         labels=args.labels,
@@ -120,7 +124,7 @@ def _show(summary: dict[str, Any]) -> None:
         ("live stage: Kafka offsets behind, median / max",
          f"{lag.get('offsets_behind_median', 0):,.0f} / {lag.get('offsets_behind_max', 0):,.0f}"),
         ("live rows: positive rate (corrected) / true rate",
-         f"{_pct(live.get('positive_rate'))} / {_pct(live.get('oracle_rate'))}"),
+         f"{_pct(live.get('positive_rate'))} / {_pct(live.get('true_rate'))}"),
         ("live rows: calibration (corrected)", _num(live.get("calibration"))),
         ("live rows: AUC / oracle AUC",
          f"{_num(live.get('auc'))} / {_num(live.get('oracle_auc'))}"),

@@ -27,7 +27,13 @@ __all__ = ["demo", "insight", "retrain", "schedule"]
     "--rate", default=100.0, show_default=True, help="Live impressions per second, in real time."
 )
 @click.option(
-    "--live-seconds", default=120.0, show_default=True, help="Seconds the live stage runs."
+    "--live-seconds", default=120.0, show_default=True, help="Seconds of new live impressions."
+)
+@click.option(
+    "--drain-seconds",
+    default=90.0,
+    show_default=True,
+    help="Seconds more for the clicks still to come (the live stage runs both).",
 )
 @click.option("--trigger", default="5 seconds", show_default=True, help="Micro-batch interval.")
 @click.option("--per-batch", default=5_000, show_default=True, help="Impressions per micro-batch.")
@@ -46,6 +52,7 @@ def demo(
     per_day: int,
     rate: float,
     live_seconds: float,
+    drain_seconds: float,
     trigger: str,
     per_batch: int,
     labels: Literal["immediate", "window"],
@@ -62,6 +69,7 @@ def demo(
         per_day=per_day,
         rate=rate,
         live_s=live_seconds,
+        drain_s=drain_seconds,
         trigger=trigger,
         per_batch=per_batch,
         labels=labels,

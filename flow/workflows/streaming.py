@@ -216,6 +216,10 @@ class Realtime:
     late_arrival_share: float = 0.0
     """Share of records held back by up to ``late_arrival`` (sent out of event-time order)."""
     late_arrival: timedelta = timedelta(minutes=3)
+    drain: float = 0.0
+    """Seconds after ``duration`` during which clicks still go out as they come due (no new
+    impressions): the clicks of the last impressions arrive, as they would in a stream that
+    goes on, so their impressions' labels are complete."""
     max_payload_bytes: int = 64 * 1024
     """What an "oversized" malformed record exceeds."""
     seed: int = 11
@@ -237,6 +241,8 @@ class Realtime:
             value = getattr(self, name)
             if not 0 <= value < 1:
                 raise ConfigError(f"Realtime.{name}={value} must be in [0, 1)")
+        if self.drain < 0:
+            raise ConfigError(f"Realtime.drain={self.drain} must be >= 0 seconds")
         if self.chunk <= 0 or self.tick <= 0 or self.progress_every <= 0:
             raise ConfigError(
                 f"Realtime(chunk={self.chunk}, tick={self.tick}, progress_every="
@@ -493,6 +499,15 @@ def stream_realtime(
                 next_progress,
             )
             # At most a second at a time: a stop() is seen within one.
+            sleep(min(max(wake - clock(), config.tick), 1.0))
+        drain_until = min(end, clock()) + config.drain if config.drain > 0 else 0.0
+        while run.pending and not stop() and clock() < drain_until:
+            now = clock()
+            run.due(now)
+            if now >= next_progress:
+                next_progress = now + config.progress_every
+                progress(run.progress_line(0.0) + " (no new impressions: draining clicks)")
+            wake = min(run.pending[0][0] if run.pending else drain_until, drain_until)
             sleep(min(max(wake - clock(), config.tick), 1.0))
     except KeyboardInterrupt:
         progress("interrupted: stopping the stream")

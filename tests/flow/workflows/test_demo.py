@@ -14,7 +14,8 @@ from tests.support import run_flow
 def test_the_demo_runs_end_to_end_and_its_summary_reconciles(
     running_stack: StackConfig, stack_env: dict[str, str]
 ) -> None:
-    args = ["demo", "--days", "1", "--per-day", "3000", "--rate", "50", "--live-seconds", "40"]
+    args = ["demo", "--days", "1", "--per-day", "3000", "--rate", "50"]
+    args += ["--live-seconds", "40", "--drain-seconds", "20"]
     done = run_flow([*args, "--json"], stack_env, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])

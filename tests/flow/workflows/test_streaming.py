@@ -155,3 +155,15 @@ def test_ctrl_c_stops_it_with_a_report() -> None:
 def test_bad_settings_name_the_field(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         Realtime(**kwargs)  # type: ignore[arg-type]
+
+
+def test_draining_sends_the_clicks_of_the_last_impressions_and_no_new_impression() -> None:
+    plain, _ = run(Realtime(rate=20, duration=120, tick=0.05, seed=4))
+    drained, clock = run(Realtime(rate=20, duration=120, drain=300, tick=0.05, seed=4))
+    assert drained.impressions == plain.impressions
+    last_impression = max(at for at, kind, _, _ in clock.sent if kind == "impressions")
+    assert any(at > last_impression + 60 for at, kind, _, _ in clock.sent if kind == "clicks")
+    # Five minutes after the last impression only the late clicks (36-90 minutes) remain.
+    assert drained.clicks > plain.clicks
+    assert drained.pending_clicks < plain.pending_clicks
+    assert drained.seconds == pytest.approx(420, abs=2)
