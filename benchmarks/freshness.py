@@ -126,8 +126,9 @@ def _show(summary: dict[str, Any]) -> None:
         ("live rows: positive rate (corrected) / true rate",
          f"{_pct(live.get('positive_rate'))} / {_pct(live.get('true_rate'))}"),
         ("live rows: calibration (corrected)", _num(live.get("calibration"))),
-        ("live rows: AUC / oracle AUC",
-         f"{_num(live.get('auc'))} / {_num(live.get('oracle_auc'))}"),
+        ("live rows: AUC / frozen after backfill / oracle",
+         f"{_num(live.get('auc'))} / {_num(live.get('frozen_auc'))} / "
+         f"{_num(live.get('oracle_auc'))}"),
     ]  # fmt: skip
     out.print(f"[bold]freshness, {summary['args']['rate']:g} impressions/s, "
               f"{summary['args']['labels']} labels[/]")  # fmt: skip

@@ -247,6 +247,12 @@ class TrainConfig:
     ``p_click``): progressive and evaluation metrics add ``oracle_auc`` and ``oracle_logloss``
     over the same rows and labels as the model's. Read for metrics only, never a model input;
     rows where it is null are left out of the oracle figures and counted (``oracle_missing``)."""
+    frozen_after: str | None = None
+    """A channel (e.g. ``backfill``): when the trainer moves on from it to another, a copy of
+    the model is frozen, and every later batch is also scored by that copy (progressive
+    ``frozen_auc``, ``frozen_logloss`` per channel): what training on goes on to be worth
+    against a model that stopped after that channel. Costs one more forward pass per batch and
+    a second copy of the model."""
     metrics_window_s: float = 3600.0
     """Progressive metrics also per event-time window of this many seconds, per channel, over
     rows seen for the first time (needs ``event_time``); 0: none."""

@@ -167,6 +167,11 @@ class ProgressiveScores:
         self.by_channel: dict[str, Scores] = {}
         self.by_pass: dict[str, Scores] = {}
         self.windows = EventWindows(window_s, oracle=oracle)
+        self.frozen: dict[str, Scores] = {}
+        """Per channel, the figures of the model frozen after an earlier channel (add_frozen)."""
+        self.frozen_pending: list[
+            tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None, bool]
+        ] = []
 
     def add(
         self,
@@ -194,8 +199,32 @@ class ProgressiveScores:
             )
         )
 
+    def add_frozen(
+        self,
+        channel: str | None,
+        logits: torch.Tensor,
+        batch: dict[str, torch.Tensor],
+        *,
+        immediate: bool = False,
+    ) -> None:
+        """A batch's predictions by the frozen copy of the model (scored per channel only)."""
+        self.frozen_pending.append(
+            (
+                channel or "?",
+                logits.detach().float(),
+                batch["label"],
+                batch.get("weight"),
+                immediate,
+            )
+        )
+
     def flush(self) -> None:
         """Score what was added since the last flush (copies it to the host: a sync)."""
+        for channel, logits, labels, weights, immediate in self.frozen_pending:
+            frozen = self.frozen.setdefault(channel, Scores(1_000_000))
+            weight = weights.cpu() if weights is not None else None
+            frozen.update(logits.cpu(), labels.cpu(), weight, immediate=immediate)
+        self.frozen_pending = []
         groups: dict[tuple[str, bool, bool], list[_Scored]] = {}
         for scored in self.pending:
             groups.setdefault((scored.channel, scored.immediate, scored.repeated), []).append(

@@ -14,6 +14,7 @@ read later may not exist when the run starts), and says which loss it uses.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -129,6 +130,9 @@ class Session:
         self.optimizer = build_optimizer(self.model, config.optim)
         self.clip = CowClip.from_config(config.optim)
         self.net: nn.Module = self.model
+        self.frozen: nn.Module | None = None
+        """The model as it was when ``frozen_after``'s rows ended (see _frozen_for)."""
+        self.seen_frozen_channel = False
         if self.world.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.net = DistributedDataParallel(self.model, device_ids=ids)
@@ -298,6 +302,12 @@ class Session:
         with self.autocast():
             logits = self.net(tensors)
         loss = training_loss(logits, tensors, labels.correction)
+        frozen = self._frozen_for(batch.channel)
+        if frozen is not None:
+            with torch.no_grad(), self.autocast():
+                scores.add_frozen(
+                    batch.channel, frozen(tensors), tensors, immediate=labels.immediate
+                )
         scores.add(
             batch.channel,
             logits,
@@ -314,6 +324,19 @@ class Session:
         self.optimizer.step()
         self.step += 1
         return loss
+
+    def _frozen_for(self, channel: str | None) -> nn.Module | None:
+        """The copy of the model frozen once ``frozen_after``'s rows ended (made at the first
+        batch of another channel after them), or None."""
+        after = self.config.frozen_after
+        if after is None:
+            return None
+        if channel == after:
+            self.seen_frozen_channel = True
+        elif self.frozen is None and self.seen_frozen_channel:
+            self.frozen = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.say(f"model frozen after channel {after}: later rows are also scored by it")
+        return self.frozen
 
     def _account(self, batch: Batch, result: TrainResult, loop: _Loop) -> None:
         """Rows, waits, freshness and (when auditing) fingerprints of a batch trained on."""
@@ -380,6 +403,12 @@ class Session:
         scores = loop.scores
         result.overall = scores.overall.compute() if scores.overall.count else {}
         result.by_channel = {n: m.compute() for n, m in scores.by_channel.items() if m.count}
+        for channel, frozen in scores.frozen.items():
+            if frozen.count and channel in result.by_channel:
+                figures = frozen.compute()
+                result.by_channel[channel] |= {
+                    f"frozen_{k}": figures[k] for k in ("auc", "logloss") if k in figures
+                }
         result.by_pass = {n: m.compute() for n, m in scores.by_pass.items() if m.count}
         result.by_window = scores.windows.compute()
         result.window_left_out = scores.windows.left_out()

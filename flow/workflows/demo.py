@@ -173,6 +173,8 @@ def run_demo(
         # The synthetic world's true click probability: the summary prints the oracle's AUC
         # beside the model's, on the same rows.
         oracle="p_click",
+        # What training on live rows is worth: the model as the backfill left it scores them too.
+        frozen_after="backfill",
         register_as=MODEL_NAME,
         checkpoint_every=100,
     )
@@ -209,7 +211,15 @@ def _runs(stack: StackConfig, parent: str) -> dict[str, Any]:
 
 def _figures(train: dict[str, float], channel: str) -> dict[str, float | None]:
     """A channel's progressive figures from the trainer's run: the model's and the oracle's."""
-    names = ("auc", "logloss", "oracle_auc", "oracle_logloss", "oracle_rate", "positive_rate")
+    names = [
+        "auc",
+        "logloss",
+        "frozen_auc",
+        "oracle_auc",
+        "oracle_logloss",
+        "oracle_rate",
+        "positive_rate",
+    ]
     found = {name: train.get(f"run_progressive_{name}.{channel}") for name in names}
     # A click beyond the attribution window labels nothing, in either strategy: the true rate
     # of a label is the world's click rate less that share.
@@ -291,14 +301,15 @@ def show(summary: dict[str, Any], console: Console) -> None:
     console.print(table)
 
     quality = Table(title="demo: the model against the oracle (progressive)", title_justify="left")
-    for header in ("rows", "AUC", "oracle AUC", "log loss", "oracle log loss", "positive rate",
-                   "true rate", "calibration"):  # fmt: skip
+    for header in ("rows", "AUC", "frozen AUC", "oracle AUC", "log loss", "oracle log loss",
+                   "positive rate", "true rate", "calibration"):  # fmt: skip
         quality.add_column(header, justify="left" if header == "rows" else "right")
     for channel in ("backfill", "live"):
         f = summary[channel]
         quality.add_row(
             channel,
             _fmt(f["auc"], "{:.3f}"),
+            _fmt(f["frozen_auc"], "{:.3f}"),
             _fmt(f["oracle_auc"], "{:.3f}"),
             _fmt(f["logloss"], "{:.4f}"),
             _fmt(f["oracle_logloss"], "{:.4f}"),
@@ -323,6 +334,7 @@ def show(summary: dict[str, Any], console: Console) -> None:
     console.print(
         "  (live positive rate and calibration are corrected for immediate labels: positives "
         "over impressions; the oracle is the world's true click probability, the true rate its "
-        "mean less the clicks beyond the 30-minute window, which label nothing)",
+        "mean less the clicks beyond the 30-minute window, which label nothing; frozen: the "
+        "model as the backfill left it, on the same rows)",
         highlight=False,
     )

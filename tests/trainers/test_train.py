@@ -287,3 +287,26 @@ def test_delayed_feedback_is_corrected_on_immediate_channels_and_reported_honest
     assert "channel live [labels immediate, loss fnw]" in summary
     assert "repeated rows (trained on before: not generalisation)" in summary
     assert "freshness produced -> trained, channel live" in summary
+
+
+def test_a_model_frozen_after_the_backfill_scores_the_later_rows_beside_the_trained_one(
+    tmp_path: Path,
+) -> None:
+    write_delayed(tmp_path, "backfill", "window", 2_000, seed=3, oracle=False)
+    write_delayed(tmp_path, "live", "immediate", 3_000, seed=1)
+    lines: list[str] = []
+    cfg = config(
+        tmp_path,
+        channels=("backfill", "live"),
+        frozen_after="backfill",
+        batch_size=256,
+        checkpoint_dir=None,
+        model=ModelConfig("dlrm", embedding_dim=4, hidden=(16,), bottom=(8,)),
+    )
+    result = train(cfg, say=lines.append)
+    assert "model frozen after channel backfill: later rows are also scored by it" in lines
+    live = result.by_channel["live"]
+    assert {"frozen_auc", "frozen_logloss"} <= set(live)
+    assert 0.0 <= live["frozen_auc"] <= 1.0
+    assert live["frozen_logloss"] != live["logloss"]  # another model scored the same rows
+    assert "frozen_auc" not in result.by_channel["backfill"]  # it trained on those rows
