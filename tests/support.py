@@ -131,3 +131,14 @@ def read_ids(reader: ChannelReader, limit: int | None = None) -> list[list[int]]
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The ROC AUC of ``scores`` for boolean ``labels`` (from ranks; no ties expected)."""
+    order = np.argsort(scores)
+    ranks = np.empty(len(scores))
+    ranks[order] = np.arange(1, len(scores) + 1)
+    positives = labels.sum()
+    return float(
+        (ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * (~labels).sum())
+    )

@@ -17,19 +17,9 @@ from flow.stack.iceberg import open_catalog
 from flow.workflows.loading import produce_stream, write_history
 from flow.workflows.synthetic import SyntheticWorld
 from pipelines.ctr import ctr_features
-from tests.support import handoff_rows, run_flow
+from tests.support import auc, handoff_rows, run_flow
 
 pytestmark = pytest.mark.integration
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    order = np.argsort(scores)
-    ranks = np.empty(len(scores))
-    ranks[order] = np.arange(1, len(scores) + 1)
-    positives = labels.sum()
-    return float(
-        (ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * (~labels).sum())
-    )
 
 
 def logistic_auc(

@@ -21,21 +21,12 @@ from flow.workflows.synthetic import (
     Traffic,
     simulate,
 )
+from tests.support import auc
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 HISTORY_HOURS = 12
 LIVE_HOURS = 6
 PER_HOUR = 6_000
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    order = np.argsort(scores)
-    ranks = np.empty(len(scores))
-    ranks[order] = np.arange(1, len(scores) + 1)
-    positives = labels.sum()
-    return float(
-        (ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * (~labels).sum())
-    )
 
 
 def codes(values: pa.Array | pa.ChunkedArray, vocabulary: tuple[str, ...]) -> np.ndarray:

@@ -12,6 +12,7 @@ import pytest
 from flow.errors import ConfigError
 from flow.workflows.streaming import StreamPlan, encode_stream
 from flow.workflows.synthetic import ClickModel, Events, SyntheticWorld, simulate
+from tests.support import auc
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -29,16 +30,6 @@ def world() -> tuple[SyntheticWorld, Events]:
         world=w,
     )
     return w, events
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    order = np.argsort(scores)
-    ranks = np.empty(len(scores))
-    ranks[order] = np.arange(1, len(scores) + 1)
-    positives = labels.sum()
-    return float(
-        (ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * (~labels).sum())
-    )
 
 
 def test_the_same_seed_gives_the_same_world() -> None:
