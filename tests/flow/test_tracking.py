@@ -63,6 +63,7 @@ def test_nested_runs_land_in_the_sqlite_store(running_stack: StackConfig) -> Non
 
 
 @pytest.mark.integration
+@pytest.mark.faults
 def test_metrics_logged_while_the_server_is_stopped_arrive_when_it_is_back(
     running_stack: StackConfig,
 ) -> None:

@@ -168,6 +168,7 @@ class _HungDuring:
 
 
 @pytest.mark.integration
+@pytest.mark.faults
 def test_training_goes_on_while_the_tracking_server_hangs(
     running_stack: StackConfig, tmp_path: Path
 ) -> None:
