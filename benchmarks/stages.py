@@ -45,6 +45,10 @@ from spark_jobs.rows import channel_for
 from spark_jobs.session import get_session
 
 NAMESPACE = "bench"
+HISTORY_END = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=6)
+"""Relative to now: the live source dead-letters events more than 30 days old (max_past) or
+10 minutes ahead (max_future); the stream's 4 hours (late clicks up to 90 minutes after) end
+in the past."""
 out = console()
 
 
@@ -182,7 +186,7 @@ def bench_backfill(
         namespace=NAMESPACE,
         days=days,
         per_day=per_day,
-        end=datetime(2026, 6, 1, tzinfo=UTC),
+        end=HISTORY_END,
     )
     pipeline = ctr_backfill(NAMESPACE)
     stage = pipeline.stage("backfill")
@@ -214,7 +218,7 @@ def bench_live(
         namespace=NAMESPACE,
         count=count,
         malformed_share=0.01,
-        start=datetime(2026, 6, 1, tzinfo=UTC),
+        start=HISTORY_END,
         span=timedelta(hours=4),
         seed=17,
     )
