@@ -3,7 +3,7 @@ the broker gone for over a minute. Every produced record is accounted for afterw
 row (with the right label) or a dead letter (with the right reason) or a counted duplicate, none
 lost, none twice.
 
-    pytest -m faults    # this folder, and the trainer-kill and tracking-outage tests beside their code
+    pytest -m faults    # this folder, and the trainer-kill and tracking-outage tests
 
 Each test writes its figures (events in, rows out, lost, duplicated, dead letters by reason) to
 ``$FLOW_HOME/faults/<test>.json``; docs/reliability.md shows a run's.
