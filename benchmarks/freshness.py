@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--labels", choices=("immediate", "window"), default="immediate")
     parser.add_argument("--days", type=int, default=1, help="days of history for the backfill")
     parser.add_argument("--per-day", type=int, default=50_000)
+    parser.add_argument("--batch-size", type=int, default=4096, help="the trainer's batch")
     args = parser.parse_args(argv)
 
     from flow.cli.jobs import spark_launcher
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         trigger=args.trigger,
         per_batch=args.per_batch,
         labels=args.labels,
-        batch_size=4096,
+        batch_size=args.batch_size,
     )
     started = time.monotonic()
 
