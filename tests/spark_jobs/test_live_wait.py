@@ -33,6 +33,14 @@ class StandIn:
         self.recentProgress = [SimpleNamespace(json=json.dumps(p)) for p in progress]
         self.error = error
         self.stopped = False
+        self.busy_polls = 0
+        """How many more times ``status`` says a micro-batch is running."""
+
+    @property
+    def status(self) -> dict[str, Any]:
+        busy = self.busy_polls > 0
+        self.busy_polls -= 1
+        return {"isTriggerActive": busy, "isDataAvailable": busy, "message": ""}
 
     def exception(self) -> str | None:
         return self.error
@@ -124,6 +132,17 @@ def test_the_duration_ends_a_continuous_run() -> None:
     _, _, said = wait(query, options=options)
     assert said == ["duration of 0s reached; stopping the query"]
     assert query.stopped
+
+
+def test_a_stop_waits_for_the_running_micro_batch_to_end() -> None:
+    # A stop in the middle of a batch could land between its training commit and the commit of
+    # its counts: the query is stopped once the batch is done.
+    query = StandIn([])
+    query.busy_polls = 3
+    _, _, said = wait(query, stop=True)
+    assert said == ["asked to stop; stopping the query"]
+    assert query.stopped
+    assert query.busy_polls < 0, "stopped only after the batch ended"
 
 
 def test_a_query_that_has_caught_up_ends_the_wait_without_a_stop() -> None:
