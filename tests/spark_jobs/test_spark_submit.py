@@ -188,7 +188,7 @@ def test_a_mistake_in_a_pipeline_file_under_flow_run_is_one_line_and_its_exit_co
     assert "Traceback" not in output
     assert [line for line in output.splitlines() if line.startswith("error:")] == [
         "error: LabelJoin(windw='5 minutes'): LabelJoin has no field 'windw'; its fields: "
-        "source, key, window, label, label_time; did you mean 'window'?"
+        "source, key, window, label, label_time, strategy; did you mean 'window'?"
     ]
     assert f"flow: {app} exited with code 1; its output above says why" in done.stderr
     debug = run_flow(["--debug", "run", str(app)], stack_env)
