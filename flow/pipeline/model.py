@@ -53,8 +53,9 @@ class LabelJoin(Definition):
 
     An event with a match at event time in ``[t, t + window]`` is a positive (``label`` 1);
     duplicate matches count once, and ``label_time`` holds the first match's time (null for
-    negatives; in a stream, the first match to arrive, and of two in one micro-batch either). A stream cannot know an event is a negative before its window has passed, so a
-    live stage chooses when to emit (``strategy``):
+    negatives; in a stream, the first match to arrive, and of two in one micro-batch either).
+    A stream cannot know an event is a negative before its window has passed, so a live stage
+    chooses when to emit (``strategy``):
 
     * ``window``: each event once, when its label is final: a positive when its match arrives,
       a negative once the watermark passes the end of its window. Correct labels, but a row
