@@ -57,7 +57,8 @@ def _stage_lag(stack: StackConfig, parent: str) -> dict[str, float]:
         if values:
             found[f"{name}_median"] = statistics.median(values)
             found[f"{name}_max"] = max(values)
-    found["batches"] = float(len(client.get_metric_history(run, "batch_duration_ms")))
+        if name == "batch_ms":
+            found["batches"] = float(len(values))
     return found
 
 

@@ -294,7 +294,7 @@ class LiveRun(StageRun[LiveStage]):
             self.supervise(outputs.checkpoint, writer, watch)
         finally:
             dimensions.release()
-        return self.count(outputs, watch)
+        return self.count(outputs, watch, writer.ledger.last)
 
     def feature_state(self) -> FeatureState:
         """The fitted state the backfill saved; a spec with nothing to fit needs none saved."""
@@ -439,15 +439,15 @@ class LiveRun(StageRun[LiveStage]):
                 self.on_batch({"restarts": float(watch.restarts)}, watch.last_batch)
                 self.sleep(pause)
 
-    def count(self, outputs: _Outputs, watch: _Watch) -> StageReport:
+    def count(self, outputs: _Outputs, watch: _Watch, counted: int) -> StageReport:
         """The report: counts read back from the tables' commits (they hold across restarts),
         and what the query's progress said during this run."""
         report, stage = self.report, self.stage
         ledger = writer_totals(self.spark, outputs.dead_letters, outputs.writer)
-        # A batch stopped between its two commits (training rows, then its counts) has rows
-        # without counts: it is replayed by the next run, which counts it; until then its rows
-        # are left out here (and said), so what is reported reconciles.
-        counted = BatchLedger(self.spark, outputs.dead_letters, outputs.writer).last
+        # A batch stopped between its two commits (training rows, then its counts: ``counted``
+        # is the last batch whose counts were) has rows without counts: the next run replays
+        # and counts it; until then its rows are left out here (and said), so what is reported
+        # reconciles.
         report.training_rows, report.positives = outputs.training.totals(upto=counted)
         if outputs.training.last > counted:
             rows, _ = outputs.training.totals()

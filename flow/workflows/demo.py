@@ -211,15 +211,7 @@ def _runs(stack: StackConfig, parent: str) -> dict[str, Any]:
 
 def _figures(train: dict[str, float], channel: str) -> dict[str, float | None]:
     """A channel's progressive figures from the trainer's run: the model's and the oracle's."""
-    names = [
-        "auc",
-        "logloss",
-        "frozen_auc",
-        "oracle_auc",
-        "oracle_logloss",
-        "oracle_rate",
-        "positive_rate",
-    ]
+    names = ("auc", "logloss", "frozen_auc", "oracle_auc", "oracle_logloss", "oracle_rate")
     found = {name: train.get(f"run_progressive_{name}.{channel}") for name in names}
     # A click beyond the attribution window labels nothing, in either strategy: the true rate
     # of a label is the world's click rate less that share.
@@ -227,10 +219,8 @@ def _figures(train: dict[str, float], channel: str) -> dict[str, float | None]:
     found["true_rate"] = rate * (1 - DELAYS.late_share) if rate is not None else None
     for name in ("positive_rate", "calibration"):  # the corrected ones where labels are biased
         corrected = train.get(f"run_progressive_{name}_corrected.{channel}")
-        found[name] = corrected if corrected is not None else found.get(name)
-    found["calibration"] = found.get("calibration") or train.get(
-        f"run_progressive_calibration.{channel}"
-    )
+        plain = train.get(f"run_progressive_{name}.{channel}")
+        found[name] = corrected if corrected is not None else plain
     return found
 
 

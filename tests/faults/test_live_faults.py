@@ -330,6 +330,20 @@ def test_a_damaged_handoff_is_found_and_never_trained_on_silently(
     assert error is None  # an orphan is never read: no commit names it
 
 
+def finish(
+    stage: Stage, events: Producer, stack: StackConfig, namespace: str, what: str, timeout: float
+) -> int:
+    """Wait until every positive sent is a training row, stop the stage, send an event that
+    closes the last windows and run the stage to its end; the restarts its log shows."""
+    clicked = {i for i, label in events.expected.labels.items() if label == 1.0}
+    wait_for(lambda: clicked <= {r["id"] for r in rows(stack, namespace)}, what, timeout=timeout)
+    stage.kill()
+    events.pending("v9999", datetime.now(UTC))
+    done = stage.drain()
+    assert done.returncode == 0, done.stderr[-3000:]
+    return stage.log.read_text(errors="replace").count("from its checkpoint in")
+
+
 def test_a_broker_outage_of_over_a_minute_is_ridden_out(
     running_stack: StackConfig, stack_env: dict[str, str], namespace: str, tmp_path: Path
 ) -> None:
@@ -354,18 +368,11 @@ def test_a_broker_outage_of_over_a_minute_is_ridden_out(
         events.impressions(30, clicks=True)
         assert stage.process is not None
         assert stage.process.poll() is None, "the stage did not ride out the outage"
-        clicked = {i for i, label in events.expected.labels.items() if label == 1.0}
-        wait_for(lambda: clicked <= {r["id"] for r in rows(stack, namespace)},
-                 "the positives sent after the outage", timeout=420)  # fmt: skip
-        stage.kill()
-        events.pending("v9999", datetime.now(UTC))
-        done = stage.drain()
-        assert done.returncode == 0, done.stderr[-3000:]
+        restarts = finish(stage, events, stack, namespace, "the positives sent after the outage",
+                          timeout=420)  # fmt: skip
     finally:
         if stage.process is not None and stage.process.poll() is None:
             stage.kill()
-    log = stage.log.read_text(errors="replace")
-    restarts = log.count("from its checkpoint in")
     found = account(stack, namespace, events.expected) | {
         "outage_s": round(outage),
         "restarts": restarts,
@@ -394,13 +401,8 @@ def test_topics_created_after_the_stage_started_are_waited_for_by_restarts(
         ensure_topics(stack.kafka, [f"{namespace}.impressions", f"{namespace}.clicks"])
         events = Producer(stack.kafka, namespace, base=datetime.now(UTC) - timedelta(minutes=40))
         events.impressions(20, clicks=True)
-        clicked = {i for i, label in events.expected.labels.items() if label == 1.0}
-        wait_for(lambda: clicked <= {r["id"] for r in rows(stack, namespace)},
-                 "the positives once the topics exist", timeout=300)  # fmt: skip
-        stage.kill()
-        events.pending("v9999", datetime.now(UTC))
-        done = stage.drain()
-        assert done.returncode == 0, done.stderr[-3000:]
+        finish(stage, events, stack, namespace, "the positives once the topics exist",
+               timeout=300)  # fmt: skip
     finally:
         if stage.process is not None and stage.process.poll() is None:
             stage.kill()
