@@ -84,8 +84,9 @@ class Launch:
 class BatchEngine(Protocol):
     """What ``flow submit`` / ``flow run`` and pipeline files need from a Spark-like engine."""
 
-    def submit_options(self, stack: StackConfig) -> list[str]:
-        """Launcher options that give a job the stack (jars, catalogs, ...)."""
+    def submit_options(self, stack: StackConfig, master: str | None = None) -> list[str]:
+        """Launcher options that give a job on ``master`` (default: the stack's) the stack
+        (jars, catalogs, ...)."""
         ...
 
     def submit_command(self, argv: Sequence[str], stack: StackConfig) -> Launch:

@@ -20,12 +20,12 @@ from pyspark.sql import functions as F
 from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.handoff import Channel
-from flow.pipeline.model import BackfillStage, HandoffOutput, LabelJoin, Pipeline
+from flow.pipeline.model import BackfillStage, Enrich, HandoffOutput, LabelJoin, Pipeline
 from flow.pipeline.sources import PRODUCED_AT, DeltaSource, IcebergSource, TableSource
 from flow.pipeline.state import FeatureState
 from spark_jobs.features import fit_state, training_rows
 from spark_jobs.handoff import export
-from spark_jobs.joins import label_batch
+from spark_jobs.joins import dimension_side, label_batch
 from spark_jobs.report import StageReport
 from spark_jobs.rows import channel_for, export_options, split_unusable, training_table
 from spark_jobs.sources import read_table
@@ -149,11 +149,12 @@ class BackfillRun(StageRun[BackfillStage]):
             _event_time(source, label.source),
         )
 
-    def dimension(self, name: str) -> DataFrame:
-        """A dimension table for enrichment, read once; its snapshot goes into the lineage."""
-        read = read_table(self.spark, self.stack, _table_source(self.pipeline, name))
-        self.report.lineage[f"{name}.snapshot_id"] = read.snapshot_id
-        return read.df
+    def dimension(self, spec: Enrich) -> DataFrame:
+        """An enrichment's dimension table, read once, as joined; its snapshot goes into the
+        lineage."""
+        read = read_table(self.spark, self.stack, _table_source(self.pipeline, spec.source))
+        self.report.lineage[f"{spec.source}.snapshot_id"] = read.snapshot_id
+        return dimension_side(read.df, spec)
 
     def usable(self, rows: DataFrame) -> DataFrame:
         """The rows that can become training rows; the rest (no label, no weight) are dead."""

@@ -19,8 +19,8 @@ __all__ = ["SparkEngine"]
 class SparkEngine:
     """Launches jobs through spark-submit and runs pipeline definitions in a Spark driver."""
 
-    def submit_options(self, stack: StackConfig) -> list[str]:
-        return submit.submit_options(stack)
+    def submit_options(self, stack: StackConfig, master: str | None = None) -> list[str]:
+        return submit.submit_options(stack, master)
 
     def submit_command(self, argv: Sequence[str], stack: StackConfig) -> Launch:
         return submit.submit_command(argv, stack)

@@ -11,6 +11,7 @@ from flow.pipeline.sources import PRODUCED_AT
 __all__ = [
     "dedup_kind",
     "deduplicated",
+    "dimension_side",
     "enrich",
     "label_batch",
     "label_stream",
@@ -166,17 +167,22 @@ def dedup_kind(key_names: str) -> str:
     return "labels" if _KEY in key_names else "events"
 
 
-def enrich(events: DataFrame, dimension: DataFrame, spec: Enrich) -> DataFrame:
-    """Add the dimension's columns (prefixed) to each event; unmatched events keep nulls.
-
-    One row per key is kept from the dimension, so a duplicated key there can never duplicate
-    events here.
-    """
-    dim = dimension.dropDuplicates([spec.on]).select(
+def dimension_side(dimension: DataFrame, spec: Enrich) -> DataFrame:
+    """The dimension as :func:`enrich` joins it: one row per key (a duplicated key there can
+    never duplicate events), the key renamed, the columns prefixed. A stream keeps it cached
+    while the table's snapshot stays the same (spark_jobs.dimensions)."""
+    return dimension.dropDuplicates([spec.on]).select(
         F.col(spec.on).alias("_enrich_key"),
         *[F.col(c).alias(spec.prefix + c) for c in spec.columns],
     )
+
+
+def enrich(events: DataFrame, side: DataFrame, spec: Enrich) -> DataFrame:
+    """Add the dimension's columns (prefixed) to each event; unmatched events keep nulls.
+
+    ``side`` is the dimension prepared by :func:`dimension_side`.
+    """
     # No broadcast hint: a users table may hold 100M rows; the planner (AQE) broadcasts the
     # small ones by size.
-    joined = events.join(dim, events[spec.on] == dim["_enrich_key"], "left")
+    joined = events.join(side, events[spec.on] == side["_enrich_key"], "left")
     return joined.drop("_enrich_key")

@@ -10,11 +10,13 @@ and every count reconciles across restarts.
 * **Event time.** A record whose event time is further than ``max_future`` ahead of (or
   ``max_past`` behind) the batch's processing time is a dead letter before any watermark sees
   it: one bad clock cannot move the watermark.
-* **Watermark.** The query takes the largest of its inputs' watermarks
-  (``spark.sql.streaming.multipleWatermarkPolicy=max``). With Spark's default (the smallest), a
-  restarted query forgets every input's event time and keeps the checkpointed watermark until
-  *every* input has had data again: a stream of impressions without new clicks then emitted no
-  negatives at all.
+* **Watermark.** The query takes the smallest of its inputs' watermarks
+  (``spark.sql.streaming.multipleWatermarkPolicy=min``, Spark's default): an impression is only
+  called a negative once the label topic, too, has moved past its window. With the largest, a
+  label topic ahead of the events (a backlog worked off in capped batches: the clicks of hours
+  arrive in the first batch) made the events behind it late, and a silent label topic (its
+  producer down) made every impression a negative. The price: a restarted query keeps its
+  checkpointed watermark until every input has had data again (for CTR, the first click).
 * **Supervision.** A query that fails is started again from its checkpoint, with backoff, up to
   ``RunOptions.max_restarts`` times (a broker outage of minutes, a topic not created yet, a task
   failure); each restart is one line and an MLflow metric. Errors of the pipeline itself
@@ -116,6 +118,9 @@ class _Watch:
     """What the query's progress said during this run (and across its restarts)."""
 
     seen: set[str] = field(default_factory=set)
+    records_read: dict[int, int] = field(default_factory=dict)
+    """Kafka records each batch read, by batch id, as its writer counted them (Spark's
+    ``numInputRows`` counts a topic once per branch of the plan that scans it)."""
     rows_in: int = 0
     state_rows: int | None = None
     batches: int = 0
@@ -148,7 +153,9 @@ def _poll(query: StreamingQuery, watch: _Watch, on_batch: OnBatch) -> None:
         if key in watch.seen:
             continue
         watch.seen.add(key)
-        rows = int(data["numInputRows"])
+        scanned = int(data["numInputRows"])
+        # A batch the writer skipped (a replay) has no count of its own: Spark's, over-counted.
+        rows = watch.records_read.pop(int(data["batchId"]), scanned)
         operators = data.get("stateOperators") or []
         watch.rows_in += rows
         if operators:
@@ -289,7 +296,7 @@ class LiveRun(StageRun[LiveStage]):
         writer = self.writer(outputs, state, dimensions)
         topics = ", ".join(s.topic for _, s in self.sources)
         self.progress(f"{self.stage.name}: streaming {topics} ({self.options.mode})")
-        watch = _Watch()
+        watch = _Watch(records_read=writer.records_read)
         try:
             self.supervise(outputs.checkpoint, writer, watch)
         finally:
@@ -396,9 +403,12 @@ class LiveRun(StageRun[LiveStage]):
         )
 
     def start(self, checkpoint: Path, writer: StreamWriter) -> StreamingQuery:
-        # The largest input watermark wins (see the module docstring); recorded in a new
-        # checkpoint, and a checkpoint made before keeps the policy it was made with.
-        self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "max")
+        # The smallest input watermark wins (see the module docstring), whatever the session
+        # says; recorded in a new checkpoint (one made before keeps the policy it was made with).
+        self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "min")
+        partitions = self.partitions()
+        if partitions is not None:
+            self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         stream = (
             self.stream_frame()
             .writeStream.queryName(self.query_name)
@@ -410,6 +420,18 @@ class LiveRun(StageRun[LiveStage]):
         else:
             stream = stream.trigger(availableNow=True)
         return stream.start()
+
+    def partitions(self) -> int | None:
+        """Shuffle (and so state-store) partitions for a new checkpoint: the stage's setting,
+        else a ``spark.sql.shuffle.partitions`` launched with (the local session's is one per
+        core: spark_jobs.conf) is kept, else the cluster's cores. Never Spark's 200: a stateful
+        stage commits a state store per partition and operator every micro-batch, which on a
+        one-core worker made batches of seconds take minutes."""
+        if self.stage.partitions is not None:
+            return self.stage.partitions
+        if self.spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+            return None
+        return max(2, self.spark.sparkContext.defaultParallelism)
 
     def supervise(self, checkpoint: Path, writer: StreamWriter, watch: _Watch) -> None:
         """Run the query; when it fails, start it again from its checkpoint after a pause, up

@@ -93,6 +93,8 @@ class StreamWriter:
         self.query_name, self.checkpoint = query_name, checkpoint
         self.training, self.ledger = training, ledger
         self.featurizer, self.dimensions = featurizer, dimensions
+        self.records_read: dict[int, int] = {}
+        """Kafka records each batch read (all sources), by batch id."""
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if batch_id <= min(self.training.last, self.ledger.last):
@@ -103,6 +105,9 @@ class StreamWriter:
         dropped = dropped_rows(self.spark, self.query_name, dedup_kind)
         records = self._records(batch, late_threshold_ms(self.checkpoint, batch_id))
         counts = self._counts(records, dropped)
+        self.records_read[batch_id] = sum(
+            n for k, n in counts.items() if k.startswith("flow.input.")
+        )
         rows = batch.where(F.col(KIND) == "row").drop(KIND, RECORD)
         unusable = self._train(rows, batch_id)
         counts[f"flow.unusable.{self.stage.events}"] = unusable.count()
@@ -157,7 +162,7 @@ class StreamWriter:
     def _train(self, rows: DataFrame, batch_id: int) -> DataFrame:
         """Enrich (dimensions as they are now), featurize and append the joined rows; the ones
         that cannot train (no label, no weight) come back as dead letters."""
-        rows = enriched(rows, self.stage.enrich, self.dimensions.get).persist()
+        rows = enriched(rows, self.stage.enrich, self.dimensions.side).persist()
         usable, unusable = split_unusable(rows, self.stage.features, self.stage.events)
         training = self.featurizer.apply(usable).persist()
         self.training.append(training, batch_id, positives(training))

@@ -64,12 +64,13 @@ def positives(training: DataFrame) -> int:
 
 
 def enriched(
-    rows: DataFrame, enrichments: tuple[Enrich, ...], dimension: Callable[[str], DataFrame]
+    rows: DataFrame, enrichments: tuple[Enrich, ...], side: Callable[[Enrich], DataFrame]
 ) -> DataFrame:
-    """``rows`` joined with each dimension table in turn; ``dimension`` reads one by source
-    name (a backfill reads it once and records its snapshot, a stream re-reads it if changed)."""
+    """``rows`` joined with each dimension table in turn; ``side`` gives an enrichment's
+    dimension as joined (spark_jobs.joins.dimension_side): a backfill reads it once and records
+    its snapshot, a stream keeps it cached until the table changes."""
     for spec in enrichments:
-        rows = enrich(rows, dimension(spec.source), spec)
+        rows = enrich(rows, side(spec), spec)
     return rows
 
 

@@ -152,13 +152,15 @@ def properties_text(conf: Mapping[str, str], heading: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def submit_options(stack: StackConfig) -> list[str]:
-    """Options for a plain ``spark-submit --master ... $(flow spark-args) app.py``.
+def submit_options(stack: StackConfig, master: str | None = None) -> list[str]:
+    """Options for a plain ``spark-submit --master MASTER $(flow spark-args --master MASTER)``.
 
-    The secret settings are written to ``$FLOW_HOME/private/spark-args.properties`` (0600,
-    rewritten by each call) and given as ``--properties-file`` with ``--load-spark-defaults``.
+    For a non-local ``master`` (default: the stack's) only what is portable: no loopback
+    addresses, local shuffle tuning, driver memory or local Python daemon. The secret settings
+    are written to ``$FLOW_HOME/private/spark-args.properties`` (0600, rewritten by each call)
+    and given as ``--properties-file`` with ``--load-spark-defaults``.
     """
-    conf = _stack_options(stack, stack.spark.master)
+    conf = _stack_options(stack, master or stack.spark.master)
     options = _launch_options(conf)
     secret = {k: v for k, v in conf.items() if is_secret(k, v)}
     options += _conf_options({k: v for k, v in conf.items() if k not in secret})

@@ -154,31 +154,47 @@ def _typed(f: Field, raw: Column) -> Column:
     return raw.try_cast(SPARK_TYPES[f.type])
 
 
+def _barrier(column: Column) -> Column:
+    """``column``, marked non-deterministic (``spark_partition_id``): the projection computing
+    it is an optimizer barrier. Without it Spark pushes a filter on the reason (valid records
+    only) down through the parse and inlines the parse into every check that reads it, so
+    ``from_json`` and each cast run once per check, not once per record: 200,000 records took
+    15.1 s, 1.9 s for the parse alone (benchmarks in docs/benchmarks.md)."""
+    return F.when(F.spark_partition_id() >= 0, column)
+
+
+_COORDINATES = ("key", "raw", "topic", "partition", "offset", "kafka_timestamp", "_size")
+
+
 def parse_kafka(raw: DataFrame, source: KafkaSource, source_name: str) -> DataFrame:
     """Kafka records as typed columns plus ``_reason`` and the record's coordinates.
 
     JSON is read into a string map first, so a missing field, a wrong type and a value out of
-    range can each be told apart and named.
+    range can each be told apart and named. Three projections: the JSON parsed once, each field
+    typed once, then the checks read the typed fields.
     """
-    size = F.length(F.col("value"))
-    obj = F.from_json(F.col("value").cast("string"), "map<string,string>")
-    parsed = raw.select(
+    records = raw.select(
         F.col("key"),
         F.col("value").alias("raw"),
         F.col("topic"),
         F.col("partition"),
         F.col("offset"),
         F.col("timestamp").alias("kafka_timestamp"),
-        size.alias("_size"),
-        obj.alias("_obj"),
+        F.length(F.col("value")).alias("_size"),
+        _barrier(F.from_json(F.col("value").cast("string"), "map<string,string>")).alias("_obj"),
     )
-    typed = {}
+    typed = {f.name: _typed(f, F.col("_obj").getItem(f.name)) for f in source.fields}
+    records = records.select(
+        *_COORDINATES,
+        "_obj",
+        _barrier(F.struct(*[c.alias(n) for n, c in typed.items()])).alias("_typed"),
+    )
     checks: list[Column] = []
     for f in source.fields:
-        field_raw = F.col("_obj").getItem(f.name)
-        typed[f.name] = _typed(f, field_raw)
-        checks.extend(field_checks(f, typed[f.name], field_raw))
-    checks.extend(time_checks(typed[source.event_time], source))
+        checks.extend(
+            field_checks(f, F.col("_typed").getField(f.name), F.col("_obj").getItem(f.name))
+        )
+    checks.extend(time_checks(F.col("_typed").getField(source.event_time), source))
     value = F.col("raw")
     reason = (
         F.when(value.isNull(), F.lit("empty record (null value)"))
@@ -206,8 +222,8 @@ def parse_kafka(raw: DataFrame, source: KafkaSource, source_name: str) -> DataFr
         )
         .otherwise(F.concat_ws("; ", *checks))
     )
-    return parsed.select(
-        *[column.alias(name) for name, column in typed.items()],
+    return records.select(
+        *[F.col("_typed").getField(f.name).alias(f.name) for f in source.fields],
         F.lit(source_name).alias("source"),
         "topic",
         "partition",

@@ -157,9 +157,17 @@ def flag(script: Path, name: str) -> bool:
 
 
 @click.command("spark-args")
+@click.option(
+    "--master",
+    default=None,
+    help="The master the job is submitted to (default: FLOW_SPARK_MASTER, local[*]); give the "
+    "same as to spark-submit: for a cluster only portable settings are printed.",
+)
 @friendly
-def spark_args() -> None:
+def spark_args(master: str | None) -> None:
     """Print the spark-submit options that give a job the stack (for a plain spark-submit).
+
+    spark-submit --master URL $(flow spark-args --master URL) app.py
 
     Secret settings (FLOW_CATALOG_PROPERTIES credentials, ...) are not printed: they go to
     $FLOW_HOME/private/spark-args.properties (readable by you only, rewritten by each call),
@@ -168,6 +176,5 @@ def spark_args() -> None:
     """
     from flow.engine import load_engine
 
-    click.echo(
-        " ".join(shlex.quote(o) for o in load_engine("spark").submit_options(stack_config()))
-    )
+    options = load_engine("spark").submit_options(stack_config(), master)
+    click.echo(" ".join(shlex.quote(o) for o in options))

@@ -139,11 +139,21 @@ class LiveStage(Definition):
     trigger: str = "10 seconds"
     """Micro-batch interval when running continuously (``--continuous``), as Spark's
     ``processingTime`` takes it: '10 seconds', '500 milliseconds', '1 minute'."""
+    partitions: int | None = None
+    """Shuffle and state-store partitions of a new checkpoint (each keeps a state store per
+    stateful operator, committed every micro-batch). None: the cores of the cluster (local
+    masters: of the machine) rather than Spark's 200. A checkpoint keeps the number it was
+    made with (Spark reads it back from the offset log), so changing it needs a new one."""
 
     streaming = True
 
     def __post_init__(self) -> None:
         check_trigger(self.trigger, f"LiveStage({self.name!r}).trigger")
+        if self.partitions is not None and self.partitions < 1:
+            raise ConfigError(
+                f"LiveStage({self.name!r}).partitions={self.partitions}: give a positive number "
+                "of partitions, or None for the cluster's cores"
+            )
 
 
 Stage = BackfillStage | LiveStage

@@ -121,11 +121,13 @@ class Producer:
         self.flush()
 
     def pending(self, ident: str, when: datetime) -> None:
-        """A valid impression at ``when`` (now): it moves the watermark past every earlier
-        window and stays in the join's state itself."""
+        """A valid impression at ``when`` (now), which stays in the join's state itself, and a
+        click of an impression never sent (as live traffic has): the watermark is the smallest
+        of the topics', so both must move for it to pass every earlier window."""
         self._json(
             "impressions", {"id": ident, "user_id": 1, "ts": when, "position": 1, "device": "web"}
         )
+        self._json("clicks", {"id": f"{ident}-orphan", "ts": when})
         self.expected.pending.add(ident)
         self.flush()
 

@@ -200,8 +200,8 @@ class KilledRun:
 def killed_run(
     running_stack: StackConfig, stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> KilledRun:
-    """Three kill -9 rounds, each restarted from the checkpoint; the last run with impressions
-    only, so the watermark must move after a restart without clicks. Then a run that drains."""
+    """Three kill -9 rounds, each restarted from the checkpoint; the last one must close the
+    windows the run before it left open. Then a run that drains."""
     namespace = new_namespace(running_stack)
     tmp_path = tmp_path_factory.mktemp("killed")
     pick = random.Random(7)
@@ -244,8 +244,8 @@ def killed_run(
         stage.kill()
         kills += 1
 
-        # Round 3: impressions only, after a restart: their event times alone move the watermark.
-        events.impressions(20, clicks=False, every=1.0)
+        # Round 3: after a restart the watermark moves again once every topic has new data.
+        events.impressions(20, clicks=True, every=1.0)
         stage.start()
         wait_for(labelled(lambda i, label: number(i) <= 120), "negatives after the restart")
         time.sleep(pick.uniform(0, 6))

@@ -216,6 +216,27 @@ def test_spark_args_point_at_a_private_file_instead_of_printing_secrets(
     assert options[-1] == "--load-spark-defaults"
 
 
+@pytest.mark.parametrize("master", ["spark://10.0.0.5:7077", "yarn", "k8s://https://api:6443"])
+def test_spark_args_for_a_cluster_carry_nothing_that_only_fits_one_machine(
+    stack: StackConfig, master: str
+) -> None:
+    options = submit.submit_options(stack, master)
+    settings = dict(c.split("=", 1) for c in _pairs(options, "--conf"))
+    local_only = (
+        "spark.driver.bindAddress",
+        "spark.driver.host",
+        "spark.sql.shuffle.partitions",
+        "spark.python.daemon.module",
+        "spark.shuffle.compress",
+    )
+    assert not [key for key in local_only if key in settings]
+    assert "--driver-memory" not in options
+    assert settings["spark.sql.session.timeZone"] == "UTC"  # the stack's own settings stay
+    assert "spark.sql.catalog.flow" in settings
+    local = dict(c.split("=", 1) for c in _pairs(submit.submit_options(stack), "--conf"))
+    assert local["spark.driver.bindAddress"] == "127.0.0.1"
+
+
 def test_the_properties_format_escapes_what_java_would_misread() -> None:
     text = submit.properties_text({"a key": " v=1:2#3!4\\5\nx"}, "heading")
     assert text == "# heading\na\\ key=\\ v\\=1\\:2\\#3\\!4\\\\5\\nx\n"
