@@ -82,6 +82,8 @@ def synthetic_rows(spark: SparkSession, n: int) -> DataFrame:
         "CAST(rand(13) < 0.08 AS DOUBLE) AS label",
         "timestamp_seconds(1767225600 + id) AS ts",
         "CAST(NULL AS TIMESTAMP) AS label_time",
+        "rand(14) * 0.2 AS p_click",
+        "timestamp_seconds(1767225660 + id) AS produced_at",
     )
     rows = rows.persist(StorageLevel.MEMORY_ONLY)
     rows.count()
@@ -101,7 +103,10 @@ def hand_written_sql(spark: SparkSession, state: FeatureState) -> str:
     m = {k: (repr(mean), repr(std if std > 0 else 1.0)) for k, (mean, std) in state.moments.items()}
     for name, values in state.vocabularies.items():
         _vocabulary_view(spark, name, values)
-    log_price = "log1p(greatest(CAST(e.item_price AS DOUBLE), 0))"
+    log_price = (
+        "CASE WHEN e.item_price IS NOT NULL "
+        "THEN log1p(greatest(CAST(e.item_price AS DOUBLE), 0)) END"
+    )
     bounds = state.boundaries["price_bucket"]
     buckets = " ".join(f"WHEN {log_price} < {b!r} THEN {i + 1}" for i, b in enumerate(bounds))
     recent = "slice(coalesce(e.user_recent_items, array()), 1, 10)"
@@ -110,13 +115,16 @@ def hand_written_sql(spark: SparkSession, state: FeatureState) -> str:
       CAST(e.label AS FLOAT) AS label,
       CAST(1.0 AS FLOAT) AS weight,
       CAST(array(
-        CAST((coalesce(least(greatest(CAST(e.user_age AS DOUBLE), 16), 90), {m["user_age"][0]})
+        CAST((coalesce(CASE WHEN e.user_age IS NOT NULL
+                            THEN least(greatest(CAST(e.user_age AS DOUBLE), 16), 90) END,
+                       {m["user_age"][0]})
               - {m["user_age"][0]}) / {m["user_age"][1]} AS FLOAT),
         CAST((coalesce({log_price}, {m["item_price"][0]}) - {m["item_price"][0]})
               / {m["item_price"][1]} AS FLOAT),
         CAST((coalesce(CAST(e.item_rating AS DOUBLE), {m["item_rating"][0]})
               - {m["item_rating"][0]}) / {m["item_rating"][1]} AS FLOAT),
-        CAST((coalesce(log1p(greatest(least(greatest(CAST(e.position AS DOUBLE), 1), 50), 0)),
+        CAST((coalesce(CASE WHEN e.position IS NOT NULL
+              THEN log1p(greatest(least(greatest(CAST(e.position AS DOUBLE), 1), 50), 0)) END,
               {m["position"][0]}) - {m["position"][0]}) / {m["position"][1]} AS FLOAT)
       ) AS ARRAY<FLOAT>) AS dense,
       CAST(array(
@@ -135,7 +143,7 @@ def hand_written_sql(spark: SparkSession, state: FeatureState) -> str:
         transform({recent}, v -> CASE WHEN v IS NULL THEN 0
           ELSE CAST(1 + pmod(xxhash64('user_recent_items', CAST(v AS STRING)), 65535) AS INT) END),
         array_repeat(0, 10 - size({recent}))) AS ARRAY<INT>) AS seq_user_recent_items,
-      e.ts, e.label_time, e.impression_id
+      e.ts, e.label_time, e.impression_id, e.p_click, e.produced_at
     FROM bench_rows e
     LEFT JOIN vocab_user_country vc ON CAST(e.user_country AS STRING) = vc.value
     LEFT JOIN vocab_user_favorite_category vf ON CAST(e.user_favorite_category AS STRING) = vf.value

@@ -10,6 +10,7 @@ literal would be a linear scan per row); quantile buckets are a balanced tree of
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal, localcontext
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -40,12 +41,16 @@ def _hash_index(name: str, buckets: int, *values: Column) -> Column:
 
 
 def _transformed(feature: Numeric | Bucketized) -> Column:
-    x = F.col(feature.column).cast("double")
+    """The feature's column as a double, clipped and log-scaled as it says; null stays null
+    (``greatest``/``least`` skip nulls: unguarded, a null became the clip minimum, or 0 under
+    ``log``, in the fit and in every row, instead of the fitted mean or bucket 0)."""
+    raw = F.col(feature.column).cast("double")
+    x = raw
     if feature.clip is not None:
         x = F.least(F.greatest(x, F.lit(feature.clip[0])), F.lit(feature.clip[1]))
     if feature.log:
         x = F.log1p(F.greatest(x, F.lit(0.0)))
-    return x
+    return x if x is raw else F.when(raw.isNotNull(), x)
 
 
 def _bucket(x: Column, bounds: list[float], lo: int, hi: int) -> Column:
@@ -162,35 +167,87 @@ def training_rows(df: DataFrame, spec: FeatureSpec, state: FeatureState) -> Data
     return Featurizer(df.sparkSession, spec, state).apply(df)
 
 
-def _fit_numeric(
-    df: DataFrame, spec: FeatureSpec
-) -> tuple[dict[str, tuple[float, float]], dict[str, list[float]]]:
+_EXACT = "decimal(38,10)"
+"""Sums for the moments: decimal addition is exact, so they come out the same in any order, on
+any partitioning (a double sum's last bits follow the order partitions are merged in). Ten
+decimal places; values up to ~1e9 (squares ~1e18) over ~1e9 rows fit 38 digits."""
+
+
+def _fit_moments(df: DataFrame, features: list[Numeric]) -> dict[str, tuple[float, float]]:
+    """Mean and population deviation of each (transformed) numeric feature, deterministically."""
+    if not features:
+        return {}
     aggregates: list[Column] = []
-    for feature in spec.features:
+    for feature in features:
         name = feature_name(feature)
-        if isinstance(feature, Numeric) and feature.fitted:
-            x = _transformed(feature)
-            aggregates += [F.avg(x).alias(f"mean_{name}"), F.stddev_pop(x).alias(f"std_{name}")]
-        elif isinstance(feature, Bucketized):
-            quantiles = [i / feature.buckets for i in range(1, feature.buckets)]
-            x = _transformed(feature)
-            aggregates.append(F.percentile_approx(x, quantiles, 10_000).alias(f"q_{name}"))
-    if not aggregates:
-        return {}, {}
+        x = _transformed(feature)
+        aggregates += [
+            F.count(x).alias(f"n_{name}"),
+            F.sum(x.cast(_EXACT)).alias(f"s_{name}"),
+            F.sum((x * x).cast(_EXACT)).alias(f"ss_{name}"),
+        ]
     row = df.agg(*aggregates).first()
     values: dict[str, Any] = row.asDict() if row is not None else {}
     moments = {}
-    boundaries = {}
-    for feature in spec.features:
-        name = feature_name(feature)
-        if isinstance(feature, Numeric) and feature.fitted:
-            mean = values.get(f"mean_{name}")
-            std = values.get(f"std_{name}")
-            moments[name] = (float(mean) if mean is not None else 0.0, float(std) if std else 1.0)
-        elif isinstance(feature, Bucketized):
-            cut = values.get(f"q_{name}") or []
-            boundaries[name] = sorted({float(b) for b in cut if b is not None})
-    return moments, boundaries
+    with localcontext() as exact:
+        exact.prec = 80
+        for feature in features:
+            name = feature_name(feature)
+            n, total, squares = values[f"n_{name}"], values[f"s_{name}"], values[f"ss_{name}"]
+            if not n:
+                moments[name] = (0.0, 1.0)
+                continue
+            mean = Decimal(total) / n
+            variance = max(Decimal(squares) / n - mean * mean, Decimal(0))
+            std = float(variance.sqrt())
+            moments[name] = (float(mean), std if std else 1.0)
+    return moments
+
+
+def _fit_boundaries(df: DataFrame, features: list[Bucketized]) -> dict[str, list[float]]:
+    """Each bucketized feature's exact quantiles, the smallest value whose share of values at or
+    below it reaches i / buckets (i = 1 .. buckets - 1), duplicates dropped.
+
+    Counted per distinct value, then summed in value order per feature: the same boundaries on
+    any partitioning (``percentile_approx`` merges its sketches in the order tasks finish, and
+    gave 259 of 350,000 rows another bucket on a cluster than on one machine). Memory grows with
+    the distinct values of one feature, held sorted by one task (Spark spills it).
+    """
+    if not features:
+        return {}
+    pairs = df.select(
+        F.explode(
+            F.array(
+                *[
+                    F.struct(F.lit(feature_name(f)).alias("f"), _transformed(f).alias("v"))
+                    for f in features
+                ]
+            )
+        ).alias("p")
+    ).select("p.f", "p.v")
+    counts = pairs.where(F.col("v").isNotNull()).groupBy("f", "v").count()
+    buckets = F.lit(1)
+    for f in features:
+        buckets = F.when(F.col("f") == feature_name(f), F.lit(f.buckets)).otherwise(buckets)
+    by_value = Window.partitionBy("f").orderBy("v")
+    running = counts.select(
+        "f",
+        "v",
+        "count",
+        buckets.cast("bigint").alias("b"),
+        F.sum("count").over(by_value.rowsBetween(Window.unboundedPreceding, 0)).alias("upto"),
+        F.sum("count").over(Window.partitionBy("f")).alias("total"),
+    ).withColumn("before", F.col("upto") - F.col("count"))
+    # v is the boundary of quantile i when the values below it are under i / b of all and the
+    # values up to it reach that: some i in 1 .. b - 1 lies in (before * b / total, upto * b /
+    # total]. Integer division: exact at any count.
+    crossing = running.where(
+        F.expr("upto * b div total > before * b div total AND before * b < total * (b - 1)")
+    )
+    found: dict[str, set[float]] = {feature_name(f): set() for f in features}
+    for row in crossing.select("f", "v").collect():
+        found[row["f"]].add(float(row["v"]))
+    return {name: sorted(values) for name, values in found.items()}
 
 
 def _fit_vocabularies(df: DataFrame, spec: FeatureSpec) -> dict[str, list[str]]:
@@ -234,7 +291,9 @@ def fit_state(
     df: DataFrame, spec: FeatureSpec, fitted_on: dict[str, Any] | None = None
 ) -> FeatureState:
     """Fit every stateful feature of ``spec`` on ``df`` (enriched, labelled rows)."""
-    moments, boundaries = _fit_numeric(df, spec)
+    numeric = [f for f in spec.features if isinstance(f, Numeric) and f.fitted]
+    moments = _fit_moments(df, numeric)
+    boundaries = _fit_boundaries(df, [f for f in spec.features if isinstance(f, Bucketized)])
     vocabularies = _fit_vocabularies(df, spec)
     return FeatureState(
         spec_name=spec.name,
