@@ -1,0 +1,126 @@
+"""The same pipeline on a Spark standalone cluster as on ``local[*]``.
+
+The master and a one-core worker come from the pyspark install (``spark-class``), on 127.0.0.1:
+what a user runs against is a real cluster, whose executors are other JVMs with their own
+Python workers, none of the local session's tuning, and a driver they reach over the network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyspark
+import pytest
+
+from flow.config import StackConfig
+from tests.support import free_ports, handoff_rows, run_flow
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+PIPELINE = """
+from flow.pipeline import run_main
+from pipelines.ctr_backfill import ctr_backfill
+
+if __name__ == "__main__":
+    run_main(ctr_backfill("{namespace}"))
+"""
+DRIVER = ["--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"]
+"""The driver listens where the executors can reach it, and nowhere else."""
+
+
+def _alive_workers(ui: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as answer:
+            return int(json.load(answer).get("aliveworkers", 0))
+    except OSError:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``spark://127.0.0.1:PORT``: a standalone master and one worker with one core."""
+    home = Path(pyspark.__file__).parent
+    folder = tmp_path_factory.mktemp("standalone")
+    port, ui, worker_ui = free_ports(3)
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1"}
+    url = f"spark://127.0.0.1:{port}"
+    deploy = "org.apache.spark.deploy"
+    commands = {
+        "master": [f"{deploy}.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                   "--webui-port", str(ui)],
+        "worker": [f"{deploy}.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
+                   "--memory", "2g", "--webui-port", str(worker_ui),
+                   "--work-dir", str(folder / "work"), url],
+    }  # fmt: skip
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, argv in commands.items():
+            with (folder / f"{name}.log").open("wb") as log:
+                started.append(
+                    subprocess.Popen(
+                        [str(home / "bin" / "spark-class"), *argv],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
+        deadline = time.monotonic() + 120
+        while _alive_workers(ui) < 1:
+            if time.monotonic() > deadline:
+                logs = "".join((folder / f"{n}.log").read_text()[-2000:] for n in commands)
+                pytest.fail(f"the standalone cluster did not come up:\n{logs}")
+            time.sleep(1)
+        yield url
+    finally:
+        for process in started:
+            os.killpg(process.pid, signal.SIGTERM)
+        for process in started:
+            process.wait(30)
+
+
+def _job(
+    launch: list[str], app: Path, env: dict[str, str], handoff: Path, states: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``flow LAUNCH APP ARGS``, its handoff and feature states in folders of its own."""
+    where = {"FLOW_HANDOFF": str(handoff), "FLOW_FEATURE_STATE": str(states)}
+    done = run_flow([*launch, str(app), *args], {**env, **where}, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    return table.sort_by("impression_id").select(sorted(table.column_names))
+
+
+def test_a_backfill_on_the_cluster_writes_the_channel_a_local_one_writes(
+    cluster: str, running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Same history, same pipeline, two masters: the same training rows, row for row (the
+    fitted state included, which needs a fit that does not depend on partitioning)."""
+    namespace = f"cl{uuid.uuid4().hex[:6]}"
+    history = ["generate", "history", "--namespace", namespace, "--days", "2", "--per-day", "3000"]
+    assert run_flow(history, stack_env).returncode == 0
+    app = tmp_path / "backfill.py"
+    app.write_text(PIPELINE.format(namespace=namespace))
+
+    local, remote = tmp_path / "local", tmp_path / "cluster"
+    _job(["submit", "--master", "local[*]"], app, stack_env, local, local, "--no-tracking")
+    on_cluster = _job(
+        ["submit", "--master", cluster, *DRIVER], app, stack_env, remote, remote, "--no-tracking"
+    )
+
+    assert "training rows" in on_cluster.stdout + on_cluster.stderr
+    here = _sorted(handoff_rows(str(local / namespace), "backfill"))
+    there = _sorted(handoff_rows(str(remote / namespace), "backfill"))
+    assert here.num_rows == there.num_rows > 5000
+    assert here.equals(there)
