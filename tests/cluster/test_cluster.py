@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -32,6 +33,13 @@ from pipelines.ctr_backfill import ctr_backfill
 
 if __name__ == "__main__":
     run_main(ctr_backfill("{namespace}"))
+"""
+STREAM = """
+from flow.pipeline import run_main
+from pipelines.ctr_streaming import ctr_streaming
+
+if __name__ == "__main__":
+    run_main(ctr_streaming("{namespace}", label_strategy="immediate"))
 """
 DRIVER = ["--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"]
 """The driver listens where the executors can reach it, and nowhere else."""
@@ -123,4 +131,39 @@ def test_a_backfill_on_the_cluster_writes_the_channel_a_local_one_writes(
     here = _sorted(handoff_rows(str(local / namespace), "backfill"))
     there = _sorted(handoff_rows(str(remote / namespace), "backfill"))
     assert here.num_rows == there.num_rows > 5000
+    assert here.equals(there)
+
+
+def test_a_live_stage_on_the_cluster_with_a_trainer_following_writes_what_a_local_one_writes(
+    cluster: str, running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The live stage (immediate labels) over one backlog, on local[*] and on the cluster with
+    ``flow run --train`` following its channel: the same rows, counts that reconcile, and a
+    trainer that trained on them."""
+    namespace = f"cs{uuid.uuid4().hex[:6]}"
+    history = ["generate", "history", "--namespace", namespace, "--days", "1", "--per-day", "2000"]
+    assert run_flow(history, stack_env).returncode == 0
+    backfill, stream = tmp_path / "backfill.py", tmp_path / "stream.py"
+    backfill.write_text(PIPELINE.format(namespace=namespace))
+    stream.write_text(STREAM.format(namespace=namespace))
+    states = tmp_path / "states"
+    local = ["submit", "--master", "local[*]"]
+    _job(local, backfill, stack_env, tmp_path / "h", states, "--no-tracking")
+    sent = ["generate", "stream", "--namespace", namespace, "--count", "3000"]
+    assert run_flow(sent, stack_env).returncode == 0
+
+    here_at, there_at = tmp_path / "local", tmp_path / "cluster"
+    _job(local, stream, stack_env, here_at, states, "--no-tracking")
+    # The same checkpoint folder would resume where the local run ended: a new one.
+    shutil.rmtree(running_stack.checkpoints / namespace)
+    train = f"--namespace {namespace} --channel live --max-steps 5 --batch-size 256"
+    on_cluster = ["run", "--train", train, "--master", cluster, *DRIVER]
+    said = _job(on_cluster, stream, stack_env, there_at, states)
+    output = said.stdout + said.stderr
+    # Exit 0 is the trainer's too (flow run exits with its code); it read the channel.
+    assert "reconcile" in output
+    assert "channel live:" in output, output[-3000:]
+    here = _sorted(handoff_rows(str(here_at / namespace), "live"))
+    there = _sorted(handoff_rows(str(there_at / namespace), "live"))
+    assert here.num_rows == there.num_rows > 2500
     assert here.equals(there)
