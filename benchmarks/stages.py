@@ -219,6 +219,13 @@ def _enriched(spark: SparkSession, stack: StackConfig, namespace: str, rows: Dat
     ).createOrReplaceTempView("bench_rows")
 
 
+def _sustained(batches: list[tuple[float, float]]) -> float:
+    """Input rows per second over (rows, seconds) batches, the first (warm-up) left out."""
+    warm = batches[1:] or batches
+    seconds = sum(s for _, s in warm)
+    return sum(r for r, _ in warm) / seconds if seconds else 0.0
+
+
 def run_hand_written_live(
     spark: SparkSession,
     stack: StackConfig,
@@ -244,16 +251,14 @@ def run_hand_written_live(
         seconds = time.monotonic() - started
         progress = [json.loads(p.json) for p in query.recentProgress]
         batches = [
-            (int(p["numInputRows"]), p["durationMs"].get("triggerExecution", 0) / 1000)
+            (float(p["numInputRows"]), p["durationMs"].get("triggerExecution", 0) / 1000)
             for p in progress
             if int(p["numInputRows"]) > 0
         ]
-        warm = batches[1:] or batches
-        rows, busy = sum(r for r, _ in warm), sum(s for _, s in warm)
         written = spark.read.parquet(str(folder / "out")).count()
         return {
             "batches": len(batches),
-            "sustained_rows_per_s": rows / busy if busy else 0.0,
+            "sustained_rows_per_s": _sustained(batches),
             "seconds": seconds,
             "training_rows": written,
         }
@@ -337,11 +342,9 @@ def _stage_once(
             batches.append((metrics["batch_rows_in"], metrics["batch_duration_ms"] / 1000))
 
     report = run_live(spark, pipeline, stage, stack, RunOptions(), on_batch=record)
-    warm = batches[1:] or batches
-    rows, seconds = sum(r for r, _ in warm), sum(s for _, s in warm)
     return {
         "batches": len(batches),
-        "sustained_rows_per_s": rows / seconds if seconds else 0.0,
+        "sustained_rows_per_s": _sustained(batches),
         "seconds": report.seconds,
         "training_rows": report.training_rows,
         "dead_letters": report.events_dead,
@@ -352,8 +355,8 @@ def _stage_once(
 def bench_live(
     spark: SparkSession, stack: StackConfig, count: int, per_batch: int, repeat: int
 ) -> dict[str, Any]:
-    """The stage and the hand-written job (benchmarks/live_baseline.py) on one backlog, taking
-    turns ``repeat`` times; the ratio of their median sustained input rates."""
+    """The stage and the hand-written job (run_hand_written_live) on one backlog, taking turns
+    ``repeat`` times; the ratio of their median sustained input rates."""
     pipeline = ctr_streaming(NAMESPACE, max_records_per_batch=per_batch)
     stage = pipeline.stage("live")
     assert isinstance(stage, LiveStage)

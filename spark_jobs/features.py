@@ -1,6 +1,7 @@
 """A FeatureSpec fitted and compiled to Spark SQL: no Python on the per-row path.
 
-``fit_state`` learns vocabularies, moments and quantile boundaries in two aggregation jobs.
+``fit_state`` learns moments, quantile boundaries and vocabularies in three jobs, each the same
+on any partitioning.
 ``training_rows`` turns enriched, labelled rows into the training-row layout: ``label``,
 ``weight``, ``dense`` (array<float>), ``sparse`` (array<int>), one ``seq_<name>`` per sequence
 feature, then the passthrough columns. Vocabulary lookups are broadcast hash joins (a map
@@ -9,6 +10,7 @@ literal would be a linear scan per row); quantile buckets are a balanced tree of
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, localcontext
 from typing import Any
@@ -204,6 +206,22 @@ def _fit_moments(df: DataFrame, features: list[Numeric]) -> dict[str, tuple[floa
     return moments
 
 
+def _value_counts(df: DataFrame, values: list[tuple[str, Column]]) -> DataFrame:
+    """``(f, v, count)``: how often each non-null value ``v`` of each named column ``f`` occurs,
+    every column counted in one pass (the columns exploded into pairs)."""
+    named = [F.struct(F.lit(name).alias("f"), column.alias("v")) for name, column in values]
+    pairs = df.select(F.explode(F.array(*named)).alias("p")).select("p.f", "p.v")
+    return pairs.where(F.col("v").isNotNull()).groupBy("f", "v").count()
+
+
+def _per_feature(features: Sequence[Feature], value: Callable[[Any], Any]) -> Column:
+    """``value(feature)`` of the feature named in column ``f``."""
+    found = F.lit(None)
+    for feature in features:
+        found = F.when(F.col("f") == feature_name(feature), F.lit(value(feature))).otherwise(found)
+    return found
+
+
 def _fit_boundaries(df: DataFrame, features: list[Bucketized]) -> dict[str, list[float]]:
     """Each bucketized feature's exact quantiles, the smallest value whose share of values at or
     below it reaches i / buckets (i = 1 .. buckets - 1), duplicates dropped.
@@ -215,26 +233,13 @@ def _fit_boundaries(df: DataFrame, features: list[Bucketized]) -> dict[str, list
     """
     if not features:
         return {}
-    pairs = df.select(
-        F.explode(
-            F.array(
-                *[
-                    F.struct(F.lit(feature_name(f)).alias("f"), _transformed(f).alias("v"))
-                    for f in features
-                ]
-            )
-        ).alias("p")
-    ).select("p.f", "p.v")
-    counts = pairs.where(F.col("v").isNotNull()).groupBy("f", "v").count()
-    buckets = F.lit(1)
-    for f in features:
-        buckets = F.when(F.col("f") == feature_name(f), F.lit(f.buckets)).otherwise(buckets)
+    counts = _value_counts(df, [(feature_name(f), _transformed(f)) for f in features])
     by_value = Window.partitionBy("f").orderBy("v")
     running = counts.select(
         "f",
         "v",
         "count",
-        buckets.cast("bigint").alias("b"),
+        _per_feature(features, lambda f: f.buckets).cast("bigint").alias("b"),
         F.sum("count").over(by_value.rowsBetween(Window.unboundedPreceding, 0)).alias("upto"),
         F.sum("count").over(Window.partitionBy("f")).alias("total"),
     ).withColumn("before", F.col("upto") - F.col("count"))
@@ -254,26 +259,10 @@ def _fit_vocabularies(df: DataFrame, spec: FeatureSpec) -> dict[str, list[str]]:
     features = [f for f in spec.features if isinstance(f, Vocabulary)]
     if not features:
         return {}
-    pairs = df.select(
-        F.explode(
-            F.array(
-                *[
-                    F.struct(
-                        F.lit(feature_name(f)).alias("f"), F.col(f.column).cast("string").alias("v")
-                    )
-                    for f in features
-                ]
-            )
-        ).alias("p")
-    ).select("p.f", "p.v")
-    counts = pairs.where(F.col("v").isNotNull()).groupBy("f", "v").count()
-    min_frequency = F.lit(1)
-    max_size = F.lit(1)
-    for f in features:
-        min_frequency = F.when(F.col("f") == feature_name(f), F.lit(f.min_frequency)).otherwise(
-            min_frequency
-        )
-        max_size = F.when(F.col("f") == feature_name(f), F.lit(f.max_size)).otherwise(max_size)
+    strings = [(feature_name(f), F.col(f.column).cast("string")) for f in features]
+    counts = _value_counts(df, strings)
+    min_frequency = _per_feature(features, lambda f: f.min_frequency)
+    max_size = _per_feature(features, lambda f: f.max_size)
     rank = F.row_number().over(Window.partitionBy("f").orderBy(F.desc("count"), F.asc("v")))
     kept = (
         counts.where(F.col("count") >= min_frequency)

@@ -106,8 +106,16 @@ def _job(
     return done
 
 
-def _sorted(table: pa.Table) -> pa.Table:
-    return table.sort_by("impression_id").select(sorted(table.column_names))
+def _assert_same_channel(here: Path, there: Path, channel: str, more_than: int) -> None:
+    """Two handoff folders hold the channel's rows alike, row for row (in any order)."""
+
+    def rows(where: Path) -> pa.Table:
+        table = handoff_rows(str(where), channel)
+        return table.sort_by("impression_id").select(sorted(table.column_names))
+
+    mine, theirs = rows(here), rows(there)
+    assert mine.num_rows == theirs.num_rows > more_than
+    assert mine.equals(theirs)
 
 
 def test_a_backfill_on_the_cluster_writes_the_channel_a_local_one_writes(
@@ -128,10 +136,7 @@ def test_a_backfill_on_the_cluster_writes_the_channel_a_local_one_writes(
     )
 
     assert "training rows" in on_cluster.stdout + on_cluster.stderr
-    here = _sorted(handoff_rows(str(local / namespace), "backfill"))
-    there = _sorted(handoff_rows(str(remote / namespace), "backfill"))
-    assert here.num_rows == there.num_rows > 5000
-    assert here.equals(there)
+    _assert_same_channel(local / namespace, remote / namespace, "backfill", 5000)
 
 
 def test_a_live_stage_on_the_cluster_with_a_trainer_following_writes_what_a_local_one_writes(
@@ -163,7 +168,4 @@ def test_a_live_stage_on_the_cluster_with_a_trainer_following_writes_what_a_loca
     # Exit 0 is the trainer's too (flow run exits with its code); it read the channel.
     assert "reconcile" in output
     assert "channel live:" in output, output[-3000:]
-    here = _sorted(handoff_rows(str(here_at / namespace), "live"))
-    there = _sorted(handoff_rows(str(there_at / namespace), "live"))
-    assert here.num_rows == there.num_rows > 2500
-    assert here.equals(there)
+    _assert_same_channel(here_at / namespace, there_at / namespace, "live", 2500)
