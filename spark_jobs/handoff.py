@@ -34,7 +34,7 @@ _BUCKET = "_flow_bucket"
 _TASK = "_flow_task"
 _SHARDS = (
     "path string, bucket int, rows long, bytes long, checksum string, "
-    "event_min timestamp, event_max timestamp"
+    "event_min timestamp, event_max timestamp, label_sum double"
 )
 _SHARDS_ARROW = pa.schema(
     [
@@ -45,6 +45,7 @@ _SHARDS_ARROW = pa.schema(
         ("checksum", pa.string()),
         ("event_min", pa.timestamp("us", tz="UTC")),
         ("event_max", pa.timestamp("us", tz="UTC")),
+        ("label_sum", pa.float64()),
     ]
 )
 
@@ -72,6 +73,9 @@ class ExportOptions:
     """How the rows were labelled (ChannelMeta.labels)."""
     tasks: int | None = None
     """Writer tasks (default: min(buckets, 2 x Spark's parallelism))."""
+    label_sum: str | None = None
+    """A label column the writer tasks sum as they write: the commit's ``positives`` stat,
+    without a Spark job of its own (binary labels: the positive rows)."""
 
 
 def _array_lengths(df: DataFrame) -> dict[str, int]:
@@ -172,7 +176,7 @@ def _task_writer(
     root: str, channel: str, batch_id: int, options: ExportOptions
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
     """The function each writer task runs: its rows, of several buckets, in Arrow batches."""
-    event_time = options.event_time
+    event_time, label = options.event_time, options.label_sum
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -191,7 +195,10 @@ def _task_writer(
             if event_time is not None and table.num_rows:
                 extremes = pc.min_max(table.column(event_time))
                 low, high = extremes["min"].as_py(), extremes["max"].as_py()
-            written.append({**info.__dict__, "event_min": low, "event_max": high})
+            total = pc.sum(table.column(label)).as_py() if label and table.num_rows else None
+            written.append(
+                {**info.__dict__, "event_min": low, "event_max": high, "label_sum": total}
+            )
 
         # Fixed-length arrays as fixed-size lists first: regrouping those is a block copy.
         sizes = {
@@ -241,6 +248,16 @@ def _partition_keys(spark: SparkSession, tasks: int) -> list[int]:
         candidates *= 4
     keys = _KEYS[(spark.version, tasks)] = [found[t] for t in range(tasks)]
     return keys
+
+
+def _stats(
+    given: Mapping[str, float] | None, shards: list[Any], label: str | None
+) -> dict[str, float]:
+    """The commit's stats: ``given``, and with ``label``, the positives the tasks counted."""
+    stats = dict(given or {})
+    if label is not None:
+        stats["positives"] = round(sum(r["label_sum"] or 0.0 for r in shards))
+    return stats
 
 
 def export(
@@ -323,7 +340,7 @@ def export(
             "max": max(highs).isoformat() if highs else None,
         },
         writer=writer,
-        stats=dict(stats or {}),
+        stats=_stats(stats, rows, options.label_sum),
         committed_at=datetime.now(UTC).isoformat(),
     )
     if schema_fingerprint(schema) != meta.fingerprint:

@@ -20,6 +20,7 @@ from flow.pipeline.state import FeatureState
 from spark_jobs.handoff import export
 from spark_jobs.rows import channel_for, export_options, training_table
 from spark_jobs.sinks import BatchLedger, writer_totals
+from spark_jobs.stage import positives
 
 __all__ = ["TrainingSink", "training_sink"]
 
@@ -30,7 +31,9 @@ class TrainingSink(Protocol):
     last: int
     """The last batch id this writer committed (-1: none)."""
 
-    def append(self, rows: DataFrame, batch_id: int, positives: int) -> None: ...
+    def append(self, rows: DataFrame, batch_id: int) -> None:
+        """Commit ``rows`` (training rows) as ``batch_id``, with how many are positives."""
+        ...
 
     def totals(self, upto: int | None = None) -> tuple[int, int]:
         """(rows, positives) over every batch this writer committed (up to batch ``upto``)."""
@@ -71,7 +74,7 @@ class _HandoffSink:
     def _ids(self) -> list[int]:
         return self.channel.commit_ids() if self.channel.exists() else []
 
-    def append(self, rows: DataFrame, batch_id: int, positives: int) -> None:
+    def append(self, rows: DataFrame, batch_id: int) -> None:
         if batch_id <= self.last:
             return
         label = self.stage.label
@@ -82,6 +85,7 @@ class _HandoffSink:
             self.event_time,
             seed=batch_id,
             labels=label.channel_labels(streaming=True) if label else None,
+            count_positives=True,  # by the tasks that write the shards: no job of its own
         )
         export(
             rows,
@@ -90,7 +94,6 @@ class _HandoffSink:
             options=options,
             writer=self.writer,
             source_positions={"kafka": _offsets(self.checkpoint, batch_id)},
-            stats={"positives": positives},
         )
         self.last = batch_id
 
@@ -108,10 +111,15 @@ class _TableSink:
         self.ledger = BatchLedger(spark, table, writer)
         self.last = self.ledger.last
 
-    def append(self, rows: DataFrame, batch_id: int, positives: int) -> None:
+    def append(self, rows: DataFrame, batch_id: int) -> None:
+        if batch_id <= self.ledger.last:
+            return
         if self.ledger.last < 0 and not self.spark.catalog.tableExists(self.where):
             rows.limit(0).writeTo(self.where).using("iceberg").create()
-        self.ledger.append(rows, batch_id, {"flow.positives": positives})
+        # The count goes in the commit's summary, so it is known before the write: one job.
+        rows = rows.persist()
+        self.ledger.append(rows, batch_id, {"flow.positives": positives(rows)})
+        rows.unpersist()
         self.last = self.ledger.last
 
     def totals(self, upto: int | None = None) -> tuple[int, int]:

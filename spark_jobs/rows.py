@@ -23,6 +23,9 @@ __all__ = [
     "export_options",
     "split_unusable",
     "training_table",
+    "unusable_inputs",
+    "unusable_letters",
+    "unusable_reason",
 ]
 
 
@@ -51,9 +54,11 @@ def export_options(
     event_time: str | None,
     seed: int,
     labels: Mapping[str, str] | None = None,
+    count_positives: bool = False,
 ) -> ExportOptions:
     """How a stage's training rows become shards: the pipeline's output, the spec's layout and
-    how its rows were ``labels``-ed (LabelJoin.channel_labels)."""
+    how its rows were ``labels``-ed (LabelJoin.channel_labels); ``count_positives``: the writer
+    tasks count the positive labels for the commit's stats."""
     output = pipeline.output
     if not isinstance(output, HandoffOutput):
         raise TypeError("the pipeline writes Iceberg tables, not the handoff")
@@ -73,10 +78,12 @@ def export_options(
         feature_state=state.version,
         max_unconsumed_bytes=output.max_unconsumed_bytes,
         labels=labels,
+        label_sum="label" if count_positives else None,
     )
 
 
-def _unusable(spec: FeatureSpec) -> Column:
+def unusable_reason(spec: FeatureSpec) -> Column:
+    """Why a row cannot train ('' if it can): no label, or no positive weight."""
     reasons = [F.when(F.col(spec.label).isNull(), F.lit(f"label '{spec.label}' is null"))]
     if isinstance(spec.weight, str):
         weight = F.col(spec.weight)
@@ -93,11 +100,15 @@ def _unusable(spec: FeatureSpec) -> Column:
     return F.concat_ws("; ", *reasons)
 
 
-def split_unusable(rows: DataFrame, spec: FeatureSpec, source: str) -> tuple[DataFrame, DataFrame]:
-    """(rows with a label and a positive weight, the others as dead letters with the reason)."""
-    checked = rows.withColumn(REASON, _unusable(spec))
-    usable = checked.where(F.col(REASON) == "").drop(REASON)
-    dead = checked.where(F.col(REASON) != "").select(
+def unusable_inputs(spec: FeatureSpec) -> set[str]:
+    """The columns :func:`unusable_reason` reads."""
+    return {spec.label} | ({spec.weight} if isinstance(spec.weight, str) else set())
+
+
+def unusable_letters(rows: DataFrame, spec: FeatureSpec, source: str) -> DataFrame:
+    """The rows that cannot train, as dead letters (the row as JSON) with the reason."""
+    checked = rows.withColumn(REASON, unusable_reason(spec))
+    return checked.where(F.col(REASON) != "").select(
         F.lit(source).alias("source"),
         F.lit(None).cast("string").alias("topic"),
         F.lit(None).cast("int").alias("partition"),
@@ -107,4 +118,9 @@ def split_unusable(rows: DataFrame, spec: FeatureSpec, source: str) -> tuple[Dat
         F.to_json(F.struct(*[F.col(c) for c in rows.columns])).cast("binary").alias("raw"),
         F.col(REASON).alias("reason"),
     )
-    return usable, dead
+
+
+def split_unusable(rows: DataFrame, spec: FeatureSpec, source: str) -> tuple[DataFrame, DataFrame]:
+    """(rows with a label and a positive weight, the others as dead letters with the reason)."""
+    usable = rows.where(unusable_reason(spec) == "")
+    return usable, unusable_letters(rows, spec, source)

@@ -51,10 +51,12 @@ def test_a_dataframe_is_bucketed_shuffled_and_read_back_once_per_row(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     channel = Channel(str(tmp_path), "train")
-    options = ExportOptions(num_buckets=8, event_time="ts", tasks=4)
+    options = ExportOptions(num_buckets=8, event_time="ts", tasks=4, label_sum="label")
     commit = export(rows(spark, 0, 10_000), channel, 0, options=options, writer="test")
     assert commit is not None
     assert commit.rows == 10_000
+    # The writer tasks counted the positive labels (every 7th id) as they wrote.
+    assert commit.stats["positives"] == len(range(0, 10_000, 7))
     assert {s.bucket for s in commit.shards} == set(range(8))
     # Bucket b goes to task b % 4, exactly: two buckets per task, none idle.
     tasks = {s.bucket: s.path.split("-")[1] for s in commit.shards}

@@ -74,6 +74,7 @@ USERS = (
     Field("user_id", "long", required=True),
     Field("country", "string"),
     Field("segment", "string"),
+    Field("boost", "double"),
 )
 PYTHON_NODES = (
     "BatchEvalPython",
@@ -85,7 +86,7 @@ PYTHON_NODES = (
 )
 
 
-def features() -> FeatureSpec:
+def features(weight: str | float = 1.0) -> FeatureSpec:
     return FeatureSpec(
         "test_ctr",
         (
@@ -95,6 +96,7 @@ def features() -> FeatureSpec:
             Numeric("position", clip=(1, 50), log=True),
         ),
         passthrough=("id", "user_segment", "label_time", "produced_at"),
+        weight=weight,
     )
 
 
@@ -120,21 +122,28 @@ class Lake:
 
     def users(self, segment_of_1: str = "a") -> None:
         schema = pa.schema(
-            [("user_id", pa.int64()), ("country", pa.string()), ("segment", pa.string())]
+            [
+                ("user_id", pa.int64()),
+                ("country", pa.string()),
+                ("segment", pa.string()),
+                ("boost", pa.float64()),
+            ]
         )
         self.table(
             "users",
             [
-                {"user_id": 1, "country": "us", "segment": segment_of_1},
-                {"user_id": 2, "country": "de", "segment": "b"},
-                {"user_id": 3, "country": "fr", "segment": "a"},
-                {"user_id": 1, "country": "us", "segment": segment_of_1},  # a duplicated key
-                {"user_id": 4, "country": "us", "segment": "c"},
+                {"user_id": 1, "country": "us", "segment": segment_of_1, "boost": 1.0},
+                {"user_id": 2, "country": "de", "segment": "b", "boost": 2.0},
+                {"user_id": 3, "country": "fr", "segment": "a", "boost": 0.0},
+                {"user_id": 1, "country": "us", "segment": segment_of_1, "boost": 1.0},  # again
+                {"user_id": 4, "country": "us", "segment": "c", "boost": 1.0},
             ],
             schema,
         )
 
-    def pipeline(self, strategy: LabelStrategy = "window", **live: Any) -> Pipeline:
+    def pipeline(
+        self, strategy: LabelStrategy = "window", weight: str | float = 1.0, **live: Any
+    ) -> Pipeline:
         topic = f"{self.ns}.impressions"
         users = IcebergSource(f"{self.ns}.users", USERS)
         sources: dict[str, Source] = {
@@ -148,7 +157,9 @@ class Lake:
             ),
             "users": users,
         }
-        enrich = (Enrich("users", on="user_id", columns=("country", "segment"), prefix="user_"),)
+        enrich = (
+            Enrich("users", on="user_id", columns=("country", "segment", "boost"), prefix="user_"),
+        )
         return Pipeline(
             "test",
             self.ns,
@@ -159,7 +170,7 @@ class Lake:
                     events="hist",
                     label=LabelJoin("hist_clicks", key="id", window="30 minutes"),
                     enrich=enrich,
-                    features=features(),
+                    features=features(weight),
                     channel="backfill",
                 ),
                 LiveStage(
@@ -167,7 +178,7 @@ class Lake:
                     events="impressions",
                     label=LabelJoin("clicks", key="id", window="10 minutes", strategy=strategy),
                     enrich=enrich,
-                    features=features(),
+                    features=features(weight),
                     channel="live",
                     **live,
                 ),
@@ -598,3 +609,47 @@ def test_immediate_labels_emit_each_event_at_once_and_its_positive_when_the_clic
     assert report.pending == 0  # nothing waits for a window
     assert report.reconciled
     assert report.lineage["label_strategy"] == "immediate"
+
+
+@pytest.mark.parametrize(
+    ("weight", "unusable", "reason"),
+    [
+        # A weight the events carry: checked as the rows leave the label join.
+        ("position", "e4", "weight 'position' = null is not a positive number"),
+        # A weight from a dimension table: checked once the rows are enriched.
+        ("user_boost", "e3", "weight 'user_boost' = 0.0 is not a positive number"),
+    ],
+)
+def test_rows_that_cannot_train_are_dead_letters_with_their_reason(
+    spark: SparkSession, world: Lake, weight: str, unusable: str, reason: str
+) -> None:
+    pipeline = world.pipeline("immediate", weight=weight, trigger="1 second")
+    run_backfill(spark, pipeline, pipeline.stage("backfill", BackfillStage), world.stack)
+    run = LiveRun(spark, world, pipeline)
+    try:
+        world.send(
+            "impressions",
+            [
+                {"id": "e1", "user_id": 1, "ts": m(0), "position": 1, "device": "ios"},
+                {"id": "e3", "user_id": 3, "ts": m(1), "position": 2, "device": "web"},
+                {"id": "e4", "user_id": 2, "ts": m(2), "device": "web"},  # no position
+            ],
+        )
+        world.send("clicks", [{"id": "e1", "ts": m(0.5)}])
+        wait_for(lambda: reason in dead_reasons(spark, world, "live"), "the unusable row")
+        wait_for(lambda: ("e1", 1.0) in {(r["id"], r["label"]) for r in rows_of_all(world)}, "e1")
+    finally:
+        report = run.finish()
+
+    trained = sorted((r["id"], r["label"]) for r in rows_of_all(world))
+    usable = ({"e3", "e4"} - {unusable}).pop()
+    assert trained == sorted([("e1", 0.0), ("e1", 1.0), (usable, 0.0)])
+    assert dead_reasons(spark, world, "live") == [reason]
+    assert (report.events_input, report.events_dead, report.training_rows) == (3, 1, 3)
+    assert report.reconciled
+
+
+def rows_of_all(world: Lake) -> list[dict[str, Any]]:
+    """Every row of the live channel (immediate labels: an event's negative and positive)."""
+    where = f"{world.stack.handoff}/{world.ns}"
+    return handoff_rows(where, "live").to_pylist() if Channel(where, "live").exists() else []
