@@ -8,6 +8,7 @@ it reads what is left and ends cleanly; the command's exit code is the worse of 
 
 from __future__ import annotations
 
+import ast
 import os
 import shlex
 import subprocess
@@ -22,7 +23,7 @@ from flow.secrets import redact_argv
 from flow.tracking import PARENT_RUN_ENV, MlflowTracker
 from flow.training import TrainConfig, save_config
 
-__all__ = ["TrainerLaunch", "run_together"]
+__all__ = ["TrainerLaunch", "following_the_job", "run_together"]
 
 FOLLOW_WAIT_S = 600.0
 """How long the trainer waits for a channel its Spark job has not created yet."""
@@ -57,6 +58,40 @@ class TrainerLaunch:
             channel = Channel(self.handoff, name)
             if channel.exists():
                 channel.close()
+
+
+def following_the_job(config: TrainConfig, spark_argv: Sequence[str]) -> TrainConfig:
+    """``config`` reading where the job's pipeline writes: its namespace and handoff location,
+    unless the trainer was given its own (``--namespace``, ``--handoff``). A job that is not a
+    pipeline file building a Pipeline leaves ``config`` as it is."""
+    from flow.errors import ConfigError
+    from flow.pipeline.model import HandoffOutput
+    from flow.workflows.retrain import load_pipeline
+
+    app = next((a for a in spark_argv if a.endswith(".py")), None)
+    if app is None or config.namespace != TrainConfig.namespace or not _defines_pipeline(app):
+        return config
+    try:
+        pipeline = load_pipeline(app)
+    except (ConfigError, ImportError, SyntaxError):
+        return config  # the Spark job reports what is wrong with its file
+    output = pipeline.output
+    handoff = config.handoff
+    if handoff is None and isinstance(output, HandoffOutput):
+        handoff = output.location
+    return replace(config, namespace=pipeline.namespace, handoff=handoff)
+
+
+def _defines_pipeline(app: str) -> bool:
+    """Whether ``app`` defines a function named like the file (as pipeline files do, for
+    load_pipeline): only such a file is run here, so a script that works when imported is not
+    started twice."""
+    path = Path(app)
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return any(isinstance(n, ast.FunctionDef) and n.name == path.stem for n in tree.body)
 
 
 def run_together(

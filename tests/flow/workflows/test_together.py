@@ -9,7 +9,7 @@ import pytest
 from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.training import load_config, parse_args
-from flow.workflows.together import TrainerLaunch
+from flow.workflows.together import TrainerLaunch, following_the_job
 from tests.support import Writer, stack_env_for
 
 
@@ -36,3 +36,34 @@ def test_the_trainer_follows_the_named_channels_of_its_namespace(tmp_path: Path)
 def test_a_trainer_without_channels_is_refused() -> None:
     with pytest.raises(ConfigError, match="--channel live"):
         parse_args(["--model", "dlrm"])
+
+
+PIPELINE_FILE = """
+from dataclasses import replace
+
+from flow.pipeline import HandoffOutput, Pipeline
+from pipelines.ctr_streaming import ctr_streaming
+
+
+def shop_clicks() -> Pipeline:
+    return replace(ctr_streaming("shop"), output=HandoffOutput(location="/data/handoff"))
+
+
+if __name__ == "__main__":
+    raise SystemExit("a pipeline file is loaded, not run, to find its namespace")
+"""
+
+
+def test_the_trainer_follows_the_namespace_of_the_pipeline_it_runs_beside(tmp_path: Path) -> None:
+    app = tmp_path / "shop_clicks.py"
+    app.write_text(PIPELINE_FILE)
+    followed = following_the_job(parse_args(["--channel", "live"]), ["--conf", "x=1", str(app)])
+    assert (followed.namespace, followed.handoff) == ("shop", "/data/handoff")
+    # What the trainer was told wins.
+    told = parse_args(["--channel", "live", "--namespace", "mine", "--handoff", "/h"])
+    assert following_the_job(told, [str(app)]) == told
+    # A script that is not a pipeline file is not run to find out.
+    script = tmp_path / "job.py"
+    script.write_text("raise SystemExit('a plain script must not run in the CLI')\n")
+    plain = parse_args(["--channel", "live"])
+    assert following_the_job(plain, [str(script)]) == plain
