@@ -61,25 +61,40 @@ class TrainerLaunch:
 
 
 def following_the_job(config: TrainConfig, spark_argv: Sequence[str]) -> TrainConfig:
-    """``config`` reading where the job's pipeline writes: its namespace and handoff location,
-    unless the trainer was given its own (``--namespace``, ``--handoff``). A job that is not a
-    pipeline file building a Pipeline leaves ``config`` as it is."""
+    """``config`` reading where the job's pipeline writes, unless the trainer was given its own
+    ``--namespace``: the namespace the job is given (``APP.py --namespace NS``, as the
+    pipelines here take it), else the pipeline file's own, with its handoff location (unless
+    given ``--handoff``). A job that is not a pipeline file leaves ``config`` as it is."""
     from flow.errors import ConfigError
     from flow.pipeline.model import HandoffOutput
     from flow.workflows.retrain import load_pipeline
 
-    app = next((a for a in spark_argv if a.endswith(".py")), None)
-    if app is None or config.namespace != TrainConfig.namespace or not _defines_pipeline(app):
+    app = next((i for i, a in enumerate(spark_argv) if a.endswith(".py")), None)
+    if app is None or config.namespace != TrainConfig.namespace:
         return config
+    given = _option(spark_argv[app + 1 :], "--namespace")
+    if not _defines_pipeline(spark_argv[app]):
+        return config if given is None else replace(config, namespace=given)
     try:
-        pipeline = load_pipeline(app)
+        pipeline = load_pipeline(spark_argv[app])
     except (ConfigError, ImportError, SyntaxError):
         return config  # the Spark job reports what is wrong with its file
     output = pipeline.output
     handoff = config.handoff
     if handoff is None and isinstance(output, HandoffOutput):
         handoff = output.location
-    return replace(config, namespace=pipeline.namespace, handoff=handoff)
+    return replace(config, namespace=given or pipeline.namespace, handoff=handoff)
+
+
+def _option(argv: Sequence[str], name: str) -> str | None:
+    """The value of ``name`` in ``argv`` (``--name V`` or ``--name=V``), the last one given."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith(f"{name}="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 def _defines_pipeline(app: str) -> bool:

@@ -59,6 +59,9 @@ def test_the_trainer_follows_the_namespace_of_the_pipeline_it_runs_beside(tmp_pa
     app.write_text(PIPELINE_FILE)
     followed = following_the_job(parse_args(["--channel", "live"]), ["--conf", "x=1", str(app)])
     assert (followed.namespace, followed.handoff) == ("shop", "/data/handoff")
+    # The namespace the job is given (pipelines/ctr_demo.py --namespace NS) is the one it writes.
+    job = [str(app), "--namespace", "shop_eu"]
+    assert following_the_job(parse_args(["--channel", "live"]), job).namespace == "shop_eu"
     # What the trainer was told wins.
     told = parse_args(["--channel", "live", "--namespace", "mine", "--handoff", "/h"])
     assert following_the_job(told, [str(app)]) == told
