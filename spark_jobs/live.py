@@ -461,22 +461,21 @@ class LiveRun(StageRun[LiveStage]):
                 self.on_batch({"restarts": float(watch.restarts)}, watch.last_batch)
                 self.sleep(pause)
 
-    def count(self, outputs: _Outputs, watch: _Watch, counted: int) -> StageReport:
+    def count(self, outputs: _Outputs, watch: _Watch, ledger_last: int) -> StageReport:
         """The report: counts read back from the tables' commits (they hold across restarts),
         and what the query's progress said during this run."""
         report, stage = self.report, self.stage
-        ledger = writer_totals(self.spark, outputs.dead_letters, outputs.writer)
-        # A batch stopped between its two commits (training rows, then its counts: ``counted``
-        # is the last batch whose counts were) has rows without counts: the next run replays
-        # and counts it; until then its rows are left out here (and said), so what is reported
-        # reconciles.
+        # A batch's two commits (its training rows; its counts and dead letters) are made side
+        # by side: a batch stopped between them is counted by neither here (and said), so what
+        # is reported reconciles; the next run replays it and makes the missing commit.
+        counted = min(ledger_last, outputs.training.last)
+        ledger = writer_totals(self.spark, outputs.dead_letters, outputs.writer, upto=counted)
         report.training_rows, report.positives = outputs.training.totals(upto=counted)
-        if outputs.training.last > counted:
-            rows, _ = outputs.training.totals()
+        ahead = max(outputs.training.last, ledger_last)
+        if ahead > counted:
             self.progress(
-                f"{stage.name}: batch {outputs.training.last} was stopped after its "
-                f"{rows - report.training_rows:,} rows were committed and before its counts "
-                "were; the next run replays it and counts them"
+                f"{stage.name}: batch {ahead} was stopped after one of its two commits; the "
+                "next run replays it and makes the other (its counts are left out until then)"
             )
 
         def outcome(kind: str, source: str) -> int:

@@ -250,6 +250,12 @@ def rows_of(world: Lake, channel: str) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in found}
 
 
+def rows_of_all(world: Lake) -> list[dict[str, Any]]:
+    """Every row of the live channel (immediate labels: an event's negative and positive)."""
+    where = f"{world.stack.handoff}/{world.ns}"
+    return handoff_rows(where, "live").to_pylist() if Channel(where, "live").exists() else []
+
+
 def dead_reasons(spark: SparkSession, world: Lake, stage: str) -> list[str]:
     table = dead_letter_table(world.stack, world.pipeline())
     spark.catalog.refreshTable(table)
@@ -543,12 +549,8 @@ def test_immediate_labels_emit_each_event_at_once_and_its_positive_when_the_clic
     pipeline = world.pipeline("immediate", trigger="1 second")
     where = f"{world.stack.handoff}/{world.ns}"
 
-    def rows() -> list[dict[str, Any]]:
-        exists = Channel(where, "live").exists()
-        return handoff_rows(where, "live").to_pylist() if exists else []
-
     def emitted() -> set[tuple[str, float]]:
-        return {(r["id"], r["label"]) for r in rows()}
+        return {(r["id"], r["label"]) for r in rows_of_all(world)}
 
     run = LiveRun(spark, world, pipeline)
     try:
@@ -585,7 +587,7 @@ def test_immediate_labels_emit_each_event_at_once_and_its_positive_when_the_clic
     finally:
         report = run.finish()
 
-    found = rows()
+    found = rows_of_all(world)
     assert sorted((r["id"], r["label"]) for r in found) == [
         ("e1", 0.0),
         ("e1", 1.0),
@@ -647,9 +649,3 @@ def test_rows_that_cannot_train_are_dead_letters_with_their_reason(
     assert dead_reasons(spark, world, "live") == [reason]
     assert (report.events_input, report.events_dead, report.training_rows) == (3, 1, 3)
     assert report.reconciled
-
-
-def rows_of_all(world: Lake) -> list[dict[str, Any]]:
-    """Every row of the live channel (immediate labels: an event's negative and positive)."""
-    where = f"{world.stack.handoff}/{world.ns}"
-    return handoff_rows(where, "live").to_pylist() if Channel(where, "live").exists() else []
