@@ -3,6 +3,9 @@
     flow bench freshness                                  # 2,000 impressions/s for 180 s
     flow bench freshness --rate 500 --seconds 120 --trigger "5 seconds"
     flow bench freshness --labels window                  # the window strategy, for contrast
+    flow bench freshness --rate 1000 --master spark://127.0.0.1:7077 \
+        --conf spark.driver.host=127.0.0.1 --conf spark.driver.bindAddress=127.0.0.1
+                                                          # the Spark job on a cluster
 
 The demo's workflow (flow/workflows/demo.py) at a benchmark's size, in its own namespace: a
 drifting synthetic history into Iceberg, the backfill, then the live stage running for
@@ -26,6 +29,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -75,6 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--days", type=int, default=1, help="days of history for the backfill")
     parser.add_argument("--per-day", type=int, default=50_000)
     parser.add_argument("--batch-size", type=int, default=4096, help="the trainer's batch")
+    parser.add_argument(
+        "--master", help="run the Spark job on this master (spark://..., yarn, k8s://...)"
+    )
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="K=V", help="spark-submit settings"
+    )
     args = parser.parse_args(argv)
 
     from flow.cli.jobs import spark_launcher
@@ -97,7 +107,14 @@ def main(argv: list[str] | None = None) -> None:
     def say(line: str) -> None:
         out.print(f"  {time.monotonic() - started:6.0f}s {line}", highlight=False)
 
-    parent = run_demo(stack, size, spark_launcher(stack), say, namespace=NAMESPACE)
+    launch = spark_launcher(stack)
+    options = ["--master", args.master] if args.master else []
+    options += [item for conf in args.conf for item in ("--conf", conf)]
+
+    def spark(app: Sequence[str], env: dict[str, str]) -> int:
+        return launch([*options, *app], env)
+
+    parent = run_demo(stack, size, spark, say, namespace=NAMESPACE)
     summary = summarize(stack, parent, namespace=NAMESPACE)
     summary["stage_lag"] = _stage_lag(stack, parent)
     summary["args"] = vars(args)
