@@ -25,9 +25,10 @@ itself, from the offset log and from the batch's operator metrics: a replay comp
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pyspark import InheritableThread
+from pyspark import inheritable_thread_target
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -78,28 +79,6 @@ def _late_reason(threshold_ms: int, watermarks: dict[str, str]) -> Column:
         delay,
         F.lit(")"),
     )
-
-
-class _Background:
-    """``call(*args)`` on its own thread, which inherits the Spark job properties of this one
-    (the streaming batch's); ``result()`` waits and raises what it raised."""
-
-    def __init__(self, call: Callable[..., object], *args: object) -> None:
-        self._error: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                call(*args)
-            except BaseException as error:  # re-raised by result(), on the batch's thread
-                self._error.append(error)
-
-        self._thread = InheritableThread(target=run, daemon=True)
-        self._thread.start()
-
-    def result(self) -> None:
-        self._thread.join()
-        if self._error:
-            raise self._error[0]
 
 
 class StreamWriter:
@@ -153,11 +132,14 @@ class StreamWriter:
         # The two commits are independent (each sink knows the last batch it committed; a
         # replay redoes only what is missing): the Iceberg commit of the dead letters, mostly
         # the driver's metadata writes, runs while the export's tasks run.
-        ledger = _Background(self.ledger.append, letters, batch_id, counts)
+        # inheritable_thread_target: the commit's jobs keep the streaming batch's properties.
+        append = inheritable_thread_target(self.spark)(self.ledger.append)
         try:
-            self.training.append(self.featurizer.apply(usable), batch_id)
+            with ThreadPoolExecutor(1, thread_name_prefix="dead-letters") as pool:
+                ledger = pool.submit(append, letters, batch_id, counts)
+                self.training.append(self.featurizer.apply(usable), batch_id)
+                ledger.result()
         finally:
-            ledger.result()
             batch.unpersist()
 
     @property

@@ -117,9 +117,8 @@ def run(
     stack = stack_up()
     if trainer is None:
         _exit(launch(argv, stack), argv)
-    from flow.workflows.together import following_the_job, run_together
+    from flow.workflows.together import run_together
 
-    trainer = following_the_job(trainer, argv)
     run_together(argv, trainer, train_procs, stack, spark_launcher(stack), progress)
 
 

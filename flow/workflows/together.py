@@ -69,7 +69,7 @@ def following_the_job(config: TrainConfig, spark_argv: Sequence[str]) -> TrainCo
     from flow.pipeline.model import HandoffOutput
     from flow.workflows.retrain import load_pipeline
 
-    app = next((i for i, a in enumerate(spark_argv) if a.endswith(".py")), None)
+    app = _app(spark_argv)
     if app is None or config.namespace != TrainConfig.namespace:
         return config
     given = _option(spark_argv[app + 1 :], "--namespace")
@@ -84,6 +84,11 @@ def following_the_job(config: TrainConfig, spark_argv: Sequence[str]) -> TrainCo
     if handoff is None and isinstance(output, HandoffOutput):
         handoff = output.location
     return replace(config, namespace=given or pipeline.namespace, handoff=handoff)
+
+
+def _app(spark_argv: Sequence[str]) -> int | None:
+    """Where the application file is in a spark-submit command line (None: none given)."""
+    return next((i for i, a in enumerate(spark_argv) if a.endswith(".py")), None)
 
 
 def _option(argv: Sequence[str], name: str) -> str | None:
@@ -119,8 +124,13 @@ def run_together(
     experiment: str | None = None,
 ) -> str:
     """Start the trainer, run the Spark job, close the channels, wait for the trainer; the id of
-    the MLflow run both nested under. A failure of either raises SystemExit with its code."""
-    app = next((a for a in spark_argv if a.endswith(".py")), "pipeline")
+    the MLflow run both nested under. A failure of either raises SystemExit with its code.
+
+    The trainer reads where the job's pipeline writes unless told (:func:`following_the_job`).
+    """
+    trainer_config = following_the_job(trainer_config, spark_argv)
+    found = _app(spark_argv)
+    app = spark_argv[found] if found is not None else "pipeline"
     tracker = MlflowTracker(stack.mlflow.tracking_uri, experiment or f"pipeline-{Path(app).stem}")
     command = shlex.join(redact_argv(spark_argv))
     with tracker.pipeline_run(Path(app).stem, params={"command": command}) as run:
