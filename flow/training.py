@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import json
 import math
 import types
@@ -217,7 +218,11 @@ class TrainConfig:
     eval_every: int | None = None
     eval_batches: int | None = None
     checkpoint_dir: Path | None = None
-    """None: the namespace's checkpoint folder, ``trainer/<channels>`` in it."""
+    """None: a folder of the run's own in the namespace's checkpoints,
+    ``trainer/<channels>/<model>-<settings>`` (other settings: another folder). A folder given
+    here that holds a run with other settings is refused (see ``fresh``)."""
+    fresh: bool = False
+    """Discard the checkpoints in the checkpoint folder and train from scratch."""
     checkpoint_every: int = 500
     export_every: int | None = None
     """Continuous mode: log (and register) the model every this many steps."""
@@ -324,13 +329,67 @@ class TrainConfig:
             )
         return self.handoff
 
+    def identity(self) -> dict[str, Any]:
+        """The settings that make this run's result: what it reads, the model, how it learns.
+
+        A checkpoint records them, and only a run with the same ones resumes it. Left out: how
+        long it trains (``epochs``, ``max_steps``: raising them goes on from a checkpoint), where
+        and how fast it runs, and what it reports."""
+        data = config_to_dict(self)
+        return {k: v for k, v in sorted(data.items()) if k not in _NOT_IDENTITY}
+
     def resolved(self, stack: StackConfig) -> TrainConfig:
         """The same run with the handoff and checkpoint folder the namespace defaults to."""
         where = namespace_locations(stack, self.namespace)
-        checkpoints = self.checkpoint_dir or Path(
-            where.checkpoints.child("trainer", "-".join(self.channels)).path
-        )
-        return replace(self, handoff=self.handoff or where.handoff.uri, checkpoint_dir=checkpoints)
+        run = replace(self, handoff=self.handoff or where.handoff.uri)
+        if run.checkpoint_dir is not None:
+            return run
+        own = f"{run.model.name}-{fingerprint(run.identity())}"
+        folder = where.checkpoints.child("trainer", "-".join(self.channels), own)
+        return replace(run, checkpoint_dir=Path(folder.path))
+
+
+_NOT_IDENTITY = frozenset(
+    {
+        "namespace",  # the handoff it resolves to is kept
+        "epochs",
+        "max_steps",
+        "device",
+        "bf16",
+        "compile",
+        "shuffle_on",  # the same batches either way
+        "reader_threads",
+        "log_every",
+        "eval_every",
+        "eval_batches",
+        "eval_channel",
+        "checkpoint_dir",
+        "checkpoint_every",
+        "export_every",
+        "consumer_group",
+        "tracking",
+        "experiment",
+        "parent_run_id",
+        "register_as",
+        "promote_margin",
+        "event_time",
+        "produced_time",
+        "oracle",
+        "frozen_after",
+        "metrics_window_s",
+        "wait_for_channels",
+        "audit_dir",
+        "result_file",
+        "fresh",
+    }
+)
+"""TrainConfig fields that do not change what a run learns (a new field counts until listed)."""
+
+
+def fingerprint(settings: Mapping[str, Any]) -> str:
+    """Ten hex digits of the settings' JSON: the same settings, the same digits."""
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 # -- files and command lines -----------------------------------------------------------------

@@ -7,6 +7,10 @@
 A checkpoint becomes the latest only once every rank's cursor is on disk (rank 0 writes
 ``latest`` after a barrier), so a trainer killed while saving restarts from the previous one.
 Files are written to a temporary name and renamed: a half-written file is never loaded.
+
+A checkpoint belongs to its run: ``model.pt`` records the run's settings
+(``TrainConfig.identity``), the channels it read (each one's creation time) and the feature
+layout, and :func:`differences` lists what a run about to resume it does otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch.distributed as dist
 from flow.errors import ConfigError
 from flow.storage import location
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "differences"]
 
 
 def _save(obj: Any, path: Path) -> None:
@@ -44,6 +48,15 @@ class Checkpointer:
         """A ConfigError naming ``--checkpoint-dir`` unless the folder can be written: found
         when the run starts, not at its first checkpoint."""
         location(str(self.folder)).check_writable("--checkpoint-dir")
+
+    def clear(self) -> None:
+        """Remove every checkpoint in the folder (rank 0; the others wait): ``--fresh``."""
+        if self.rank == 0 and self.folder.exists():
+            for old in self.folder.glob("step-*"):
+                shutil.rmtree(old, ignore_errors=True)
+            (self.folder / "latest").unlink(missing_ok=True)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
 
     def _step_folder(self, step: int) -> Path:
         return self.folder / f"step-{step:012d}"
@@ -93,3 +106,37 @@ class Checkpointer:
         steps = sorted(self.folder.glob("step-*"))
         for old in steps[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix: data}
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        flat |= _flat(value, f"{prefix}.{key}" if prefix else str(key))
+    return flat
+
+
+def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What ``current`` (a run's identity, channels and layout) does otherwise than the run that
+    wrote the checkpoint ``saved``, one ``what: then -> now`` line each; [] when it may resume.
+
+    A channel the checkpoint read that now has another creation time was removed and written
+    again: its cursor points into rows that are gone. A channel not there yet when the
+    checkpoint was saved (one the run follows later) is no difference."""
+    if "identity" not in saved:
+        return ["the checkpoint records no run settings (written by an older trainer)"]
+    found = []
+    then, now = _flat(saved["identity"]), _flat(current["identity"])
+    for key in sorted(then.keys() | now.keys()):
+        if then.get(key) != now.get(key):
+            found.append(f"{key}: {then.get(key)!r} -> {now.get(key)!r}")
+    for name, created in sorted(saved.get("channels", {}).items()):
+        again = current["channels"].get(name)
+        if again is None:
+            found.append(f"channel {name}: it no longer exists")
+        elif again != created:
+            found.append(f"channel {name}: written again (created {created}, now {again})")
+    if saved.get("layout") != current["layout"]:
+        found.append("the feature layout (the channels were made with another feature state)")
+    return found

@@ -18,6 +18,7 @@ import copy
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,10 +27,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from flow.errors import ConfigError
 from flow.handoff import Channel
 from flow.tracking import Run
 from flow.training import TrainConfig
-from trainers.checkpoint import Checkpointer
+from trainers.checkpoint import Checkpointer, differences
 from trainers.data import NO_TIME
 from trainers.feedback import Labels, labels_for, training_loss
 from trainers.inputs import (
@@ -123,6 +125,8 @@ class Session:
         )
         if self.checkpoints is not None:
             self.checkpoints.check_writable()  # before waiting for channels or building anything
+            if config.fresh:
+                self.checkpoints.clear()
         torch.manual_seed(config.seed)
         wait_for(config, self.say)
         self.layout = layout_of(config)
@@ -156,6 +160,10 @@ class Session:
         self.labels: dict[str, Labels] = {}
         """Per channel seen: how its rows were labelled and the loss used on them."""
         self.step = 0
+        self.run_id: str | None = None
+        """The MLflow run tracking this training run (recorded in its checkpoints)."""
+        self.finished = False
+        """The run read all it was to read (a stop at ``max_steps`` is not finished)."""
         self.last_cursor: dict[str, Any] | None = None
         """The reader's cursor after the last batch trained on (lineage reads it)."""
 
@@ -169,20 +177,64 @@ class Session:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "model_config": asdict(self.config.model),
-            "layout": self.layout.to_dict(),
+            "finished": self.finished,
+            "run_id": self.run_id,
+            **self._belongs_to(),
         }
 
+    def _belongs_to(self) -> dict[str, Any]:
+        """What makes a checkpoint this run's: its settings, the channels (as created) and the
+        feature layout."""
+        location = self.config.location
+        channels = {
+            name: Channel(location, name).meta().created_at
+            for name in self.config.channels
+            if Channel(location, name).exists()
+        }
+        identity = self.config.identity()
+        return {"identity": identity, "channels": channels, "layout": self.layout.to_dict()}
+
     def resume(self) -> int | None:
-        found = self.checkpoints.load() if self.checkpoints else None
+        """Continue from the latest checkpoint of this run, if any: one with other settings or
+        data, or one with nothing left to train, is refused, naming what differs."""
+        if self.checkpoints is None:
+            return None
+        folder = self.checkpoints.folder
+        found = self.checkpoints.load()
         if found is None:
+            self.say(f"checkpoints: {folder} (none yet: training from the start)")
             return None
         state, cursor = found
+        differ = differences(state, self._belongs_to())
+        if differ:
+            raise ConfigError(
+                f"the checkpoint of step {state['step']} in {folder} belongs to another run: "
+                + "; ".join(differ)
+                + ". Give another --checkpoint-dir, or --fresh to discard it and train from "
+                "scratch"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.reader.load_state_dict(cursor)
         self.step = int(state["step"])
-        self.say(f"resumed from the checkpoint of step {self.step}")
+        self._check_left(state, folder)
+        self.say(f"resumed from the checkpoint of step {self.step} in {folder}")
         return self.step
+
+    def _check_left(self, state: dict[str, Any], folder: Path) -> None:
+        """Refuse to resume a run with nothing left to read (its epochs, or the channels it
+        followed until they closed): it would train on nothing and report the finished run's
+        model as a new result."""
+        steps = self.config.max_steps
+        left = self._epochs_left() and (steps is None or self.step < steps)
+        if not left:
+            tracked = state.get("run_id") not in (None, "untracked")
+            run = f" (its results: MLflow run {state['run_id']})" if tracked else ""
+            raise ConfigError(
+                f"the run in {folder} has finished at step {self.step}{run}: these settings "
+                "leave nothing to train. Give more --epochs or --max-steps to go on from it, "
+                "or --fresh to train again from scratch"
+            )
 
     def _champion(self, *, warm_start: bool) -> CTRModel | None:
         """The registered champion (for comparison), loaded into this run's model if asked."""
@@ -416,8 +468,12 @@ class Session:
             config.audit_dir.mkdir(parents=True, exist_ok=True)
             rows = np.concatenate(loop.audit) if loop.audit else np.empty(0, dtype=np.uint64)
             np.save(config.audit_dir / f"rank-{self.world.rank}-step-{self.step}.npy", rows)
+        self.finished = not loop.done  # loop.done: stopped at max_steps
         if self.checkpoints and loop.cursor is not None:
-            self.checkpoints.save(self.step, self.state(), loop.cursor)
+            # Finished, the reader stands at the start of the epoch after the last: a run that
+            # resumes it has that much more to read, not the end of the last epoch again.
+            cursor = self.reader.state_dict() if self.finished else loop.cursor
+            self.checkpoints.save(self.step, self.state(), cursor)
         scored = scores.progressive.compute() if scores.progressive.count else loop.scored
         result.metrics = result.metrics or {f"progressive_{k}": v for k, v in scored.items()}
 

@@ -61,6 +61,7 @@ def train(
     )
     with parent, tracker.stage("train") as stage, ResilientRun(stage, session.say) as run:
         run.log_params(_params(config, session))
+        session.run_id = stage.run_id
         result.resumed_from = session.resume()
         session.run(run, result)
         result.run_id = stage.run_id

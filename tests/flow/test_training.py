@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -135,11 +136,31 @@ def test_the_namespace_decides_the_handoff_and_checkpoints(tmp_path: Path) -> No
     stack = StackConfig.from_env(stack_env_for(tmp_path))
     config = TrainConfig(channels=("backfill", "live"), namespace="ctr").resolved(stack)
     assert config.location == f"{stack.handoff}/ctr"
-    assert config.checkpoint_dir == stack.checkpoints / "ctr" / "trainer" / "backfill-live"
+    assert config.checkpoint_dir is not None
+    assert config.checkpoint_dir.parent == stack.checkpoints / "ctr" / "trainer" / "backfill-live"
+    assert config.checkpoint_dir.name.startswith("dlrm-")
     given = TrainConfig(channels=("x",), handoff="/data/h", checkpoint_dir=tmp_path).resolved(stack)
     assert (given.handoff, given.checkpoint_dir) == ("/data/h", tmp_path)
     with pytest.raises(ConfigError, match="not set"):
         _ = TrainConfig(channels=("x",)).location
+
+
+def test_a_run_with_other_settings_gets_its_own_checkpoint_folder(tmp_path: Path) -> None:
+    stack = StackConfig.from_env(stack_env_for(tmp_path))
+
+    def folder(**changes: Any) -> Path | None:
+        return TrainConfig(channels=("live",), **changes).resolved(stack).checkpoint_dir
+
+    assert folder() == folder(epochs=3, max_steps=10, device="cpu", log_every=1)  # how long, where
+    others = [
+        folder(optim=OptimConfig(lr=0.5)),
+        folder(model=ModelConfig("deepfm")),
+        folder(batch_size=512),
+        folder(seed=1),
+        folder(handoff=str(tmp_path / "elsewhere")),
+    ]
+    assert len({folder(), *others}) == 1 + len(others)
+    assert folder(model=ModelConfig("deepfm")).name.startswith("deepfm-")  # type: ignore[union-attr]
 
 
 def test_a_namespace_goes_into_the_path_of_a_uri_with_options(tmp_path: Path) -> None:

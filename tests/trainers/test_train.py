@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -82,6 +83,43 @@ def test_a_resumed_trainer_continues_with_exactly_the_next_rows(tmp_path: Path) 
     assert result.resumed_from == 15
     trained = np.concatenate([audit(first)[: 15 * 128], audit(second)])
     assert np.array_equal(trained, expected)  # nothing skipped, nothing read twice
+
+
+def test_a_checkpoint_of_another_model_or_settings_is_refused_naming_the_difference(
+    tmp_path: Path,
+) -> None:
+    total = write(tmp_path, "train", [1000, 1000])
+    train(config(tmp_path, max_steps=7), say=lambda _: None)
+    deepfm = ModelConfig("deepfm", embedding_dim=8, hidden=(16,))
+    with pytest.raises(ConfigError, match=r"model.name: 'dlrm' -> 'deepfm'.*--fresh"):
+        train(config(tmp_path, model=deepfm), say=lambda _: None)
+    with pytest.raises(ConfigError, match=r"optim.lr: 0.01 -> 0.02"):
+        train(config(tmp_path, optim=OptimConfig(lr=0.02)), say=lambda _: None)
+    again = train(config(tmp_path, model=deepfm, fresh=True), say=lambda _: None)
+    assert again.resumed_from is None
+    assert again.rows == total  # from scratch: every row, once
+
+
+def test_a_finished_run_is_not_reported_again_and_more_epochs_go_on_from_it(
+    tmp_path: Path,
+) -> None:
+    total = write(tmp_path, "train", [1000, 600])
+    first = train(config(tmp_path), say=lambda _: None)
+    assert first.rows == total
+    with pytest.raises(ConfigError, match=r"has finished at step \d+: .*--epochs"):
+        train(config(tmp_path), say=lambda _: None)
+    more = train(config(tmp_path, epochs=2), say=lambda _: None)
+    assert more.resumed_from == first.steps
+    assert more.rows == total  # the second epoch, and only it
+
+
+def test_a_channel_written_again_is_not_resumed_from_its_old_cursor(tmp_path: Path) -> None:
+    write(tmp_path, "train", [1000])
+    train(config(tmp_path, max_steps=5), say=lambda _: None)
+    shutil.rmtree(tmp_path / "train")  # removed, and written again
+    write(tmp_path, "train", [1000], seed=3)
+    with pytest.raises(ConfigError, match="channel train: written again"):
+        train(config(tmp_path), say=lambda _: None)
 
 
 def test_a_channel_without_a_layout_is_refused_with_the_reason(tmp_path: Path) -> None:
