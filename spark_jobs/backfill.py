@@ -27,7 +27,14 @@ from spark_jobs.features import fit_state, training_rows
 from spark_jobs.handoff import export
 from spark_jobs.joins import dimension_side, label_batch
 from spark_jobs.report import StageReport
-from spark_jobs.rows import channel_for, export_options, split_unusable, training_table
+from spark_jobs.rows import (
+    channel_for,
+    export_options,
+    missing,
+    split_unusable,
+    training_table,
+    unusable_reason,
+)
 from spark_jobs.sources import read_table
 from spark_jobs.stage import Progress, StageRun, enriched, input_counts, positives
 from spark_jobs.validate import split, validate_table
@@ -105,6 +112,7 @@ class BackfillRun(StageRun[BackfillStage]):
         report = self.finish(
             f"{self.stage.name}: {self.report.training_rows:,} training rows, "
             f"{self.report.events_dead:,} dead letters -> {self.report.table}"
+            f"{self.report.said_missing()}"
         )
         return report, state
 
@@ -157,11 +165,20 @@ class BackfillRun(StageRun[BackfillStage]):
         return dimension_side(read.df, spec)
 
     def usable(self, rows: DataFrame) -> DataFrame:
-        """The rows that can become training rows; the rest (no label, no weight) are dead."""
-        usable, unusable = split_unusable(rows, self.stage.features, self.stage.events)
+        """The rows that can become training rows; the rest (label, weight, a dimension key
+        not found with ``on_missing="dead_letter"``) are dead. The dead and each enrichment's
+        misses are counted in one job."""
+        spec, enrichments = self.stage.features, self.stage.enrich
+        usable, unusable = split_unusable(rows, spec, self.stage.events, enrichments)
         usable = usable.persist()
         self.cached.append(usable)
-        self.report.events_dead += unusable.count()
+        flags = [unusable_reason(spec, enrichments) != "", *missing(enrichments).values()]
+        counts = rows.agg(*[F.sum(f.cast("int")).alias(f"n{i}") for i, f in enumerate(flags)])
+        found = [int(n or 0) for n in (counts.first() or [0] * len(flags))]
+        self.report.events_dead += found[0]
+        self.report.dimension_misses = {
+            e.source: n for e, n in zip(enrichments, found[1:], strict=True)
+        }
         self.dead.append(unusable)
         return usable
 

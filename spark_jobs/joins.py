@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -9,10 +11,12 @@ from flow.pipeline.model import Enrich, LabelJoin
 from flow.pipeline.sources import PRODUCED_AT
 
 __all__ = [
+    "FOUND_PREFIX",
     "dedup_kind",
     "deduplicated",
     "dimension_side",
     "enrich",
+    "found_column",
     "label_batch",
     "label_stream",
     "label_stream_immediate",
@@ -167,18 +171,30 @@ def dedup_kind(key_names: str) -> str:
     return "labels" if _KEY in key_names else "events"
 
 
+def found_column(spec: Enrich) -> str:
+    """The column :func:`enrich` adds: true where the event's key was in the table, null where
+    it was not (the miss counts and ``on_missing="dead_letter"`` read it)."""
+    return f"{FOUND_PREFIX}{re.sub(r'[^0-9A-Za-z_]', '_', spec.prefix + spec.source)}"
+
+
+FOUND_PREFIX = "_found_"
+"""Columns an enrichment adds for the stage's own checks, never a training row's."""
+
+
 def dimension_side(dimension: DataFrame, spec: Enrich) -> DataFrame:
     """The dimension as :func:`enrich` joins it: one row per key (a duplicated key there can
-    never duplicate events), the key renamed, the columns prefixed. A stream keeps it cached
-    while the table's snapshot stays the same (spark_jobs.dimensions)."""
+    never duplicate events), the key renamed, the columns prefixed, and :func:`found_column`.
+    A stream keeps it cached while the table's snapshot stays the same (spark_jobs.dimensions)."""
     return dimension.dropDuplicates([spec.on]).select(
         F.col(spec.on).alias("_enrich_key"),
         *[F.col(c).alias(spec.prefix + c) for c in spec.columns],
+        F.lit(True).alias(found_column(spec)),
     )
 
 
 def enrich(events: DataFrame, side: DataFrame, spec: Enrich) -> DataFrame:
-    """Add the dimension's columns (prefixed) to each event; unmatched events keep nulls.
+    """Add the dimension's columns (prefixed) to each event; unmatched events keep nulls, and
+    null in :func:`found_column`.
 
     ``side`` is the dimension prepared by :func:`dimension_side`.
     """

@@ -486,6 +486,9 @@ class LiveRun(StageRun[LiveStage]):
         late = outcome("late", events)
         report.events_dead = outcome("invalid", events) + late + outcome("unusable", events)
         report.duplicates = outcome("duplicates", events)
+        report.dimension_misses = {
+            e.source: int(ledger[f"flow.missing.{e.source}"]) for e in stage.enrich
+        }
         if stage.label:
             labels = stage.label.source
             report.labels_input = outcome("input", labels)
@@ -521,7 +524,7 @@ class LiveRun(StageRun[LiveStage]):
         return self.finish(
             f"{stage.name}: {report.training_rows:,} training rows, {report.events_dead:,} dead "
             f"letters ({late:,} late), {report.duplicates:,} duplicates, {waiting} (since the "
-            "checkpoint began)"
+            f"checkpoint began){report.said_missing()}"
         )
 
 

@@ -8,13 +8,13 @@ time) and the late ones (at or before the late-event watermark, which Spark's op
 written as dead letters with their reason, the duplicates Spark dropped counted; and it
 enriches, featurizes and appends the joined rows.
 
-Three Spark jobs a batch, each over the batch cached once: one aggregation (it runs the stateful
-operators, so it comes first) counts the records per source, the invalid and late ones and the
-rows that cannot train; the training rows are enriched, featurized and exported (the tasks
-writing the shards count the positives); beside the export, the dead letters are appended with
-the counts in the same Iceberg commit. (It was eight jobs one after another: a count, a second
-cache of the records, their counts, the positives, the unusable rows twice; 10.2 s -> 8.0 s a
-batch of 50,000 on 2 cores.)
+Three Spark jobs a batch, each over the batch enriched and cached once: one aggregation (it runs
+the stateful operators, so it comes first) counts the records per source, the invalid and late
+ones, the rows that cannot train and the keys each enrichment did not find; the training rows
+are featurized and exported (the tasks writing the shards count the positives); beside the
+export, the dead letters are appended with the counts in the same Iceberg commit. (It was
+eight jobs one after another: a count, a second cache of the records, their counts, the
+positives, the unusable rows twice; 10.2 s -> 8.0 s a batch of 50,000 on 2 cores.)
 
 Structured Streaming may run a batch id again after a failure; the writer commits a batch id once
 to each of its two sinks (the training rows, the dead-letter ledger), each of which knows the
@@ -39,7 +39,7 @@ from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
 from spark_jobs.joins import dedup_kind
 from spark_jobs.outputs import TrainingSink
-from spark_jobs.rows import unusable_inputs, unusable_letters, unusable_reason
+from spark_jobs.rows import missing, unusable_letters, unusable_reason
 from spark_jobs.sinks import BatchLedger, dead_letter_rows
 from spark_jobs.stage import enriched
 from spark_jobs.validate import DEAD_LETTER_COLUMNS, REASON
@@ -109,26 +109,26 @@ class StreamWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if batch_id <= min(self.training.last, self.ledger.last):
             return  # a replay of a batch already committed in full
+        spec, enrichments = self.stage.features, self.stage.enrich
+        # The joined rows are enriched before the batch is cached: the counts (rows that cannot
+        # train, keys an enrichment did not find) and the export read the same join, run once.
         # Every action on `batch` would run the stateful operators again: computed once, cached.
-        batch = batch.persist()
+        batch = enriched(batch, enrichments, self.dimensions.side).persist()
         threshold = late_threshold_ms(self.checkpoint, batch_id)
-        rows, checked = self._joined_rows(batch)
+        rows = batch.where(F.col(KIND) == "row").drop(KIND, RECORD)
         # The first action: it runs the stateful operators, so their metrics are final after it.
-        counts = self._counts(batch, threshold, unusable=checked)
-        unusable = unusable_letters(rows, self.stage.features, self.stage.events)
-        if not checked:
-            counts[self._unusable_key] = unusable.count()
-        counts |= self._dropped()
+        counts = self._counts(batch, threshold) | self._dropped()
         self.records_read[batch_id] = sum(
             n for k, n in counts.items() if k.startswith("flow.input.")
         )
         letters = self._dead_records(batch, threshold)
         if counts[self._unusable_key]:
+            unusable = unusable_letters(
+                self._first_rows(rows), spec, self.stage.events, enrichments
+            )
             letters = letters.unionByName(unusable)
         letters = dead_letter_rows(letters, self.pipeline, self.stage.name)
-        usable = rows.where(unusable_reason(self.stage.features) == "")
-        if checked:  # enriched only now, after the check
-            usable = enriched(usable, self.stage.enrich, self.dimensions.side)
+        usable = rows.where(unusable_reason(spec, enrichments) == "")
         # The two commits are independent (each sink knows the last batch it committed; a
         # replay redoes only what is missing): the Iceberg commit of the dead letters, mostly
         # the driver's metadata writes, runs while the export's tasks run.
@@ -146,14 +146,17 @@ class StreamWriter:
     def _unusable_key(self) -> str:
         return f"flow.unusable.{self.stage.events}"
 
-    def _joined_rows(self, batch: DataFrame) -> tuple[DataFrame, bool]:
-        """The rows the label join emitted, and whether the batch's counts can check them for
-        usability (label, weight) as they are: a weight from a dimension table is there only
-        once they are enriched, which these then already are."""
-        rows = batch.where(F.col(KIND) == "row").drop(KIND, RECORD)
-        if unusable_inputs(self.stage.features) <= set(rows.columns):
-            return rows, True
-        return enriched(rows, self.stage.enrich, self.dimensions.side), False
+    def _first(self) -> Column:
+        """Whether a joined row is its event's first (with ``immediate`` labels an event leaves
+        again as a positive when its click comes: that row is no further event, so it is not
+        counted as one, and a dead event's positive is left out with it)."""
+        label = self.stage.label
+        if label is None or label.strategy != "immediate":
+            return F.lit(True)
+        return F.col(label.label_time).isNull()
+
+    def _first_rows(self, rows: DataFrame) -> DataFrame:
+        return rows.where(self._first())
 
     def _late(self, threshold_ms: int) -> Column:
         """Whether a record (of :data:`RECORD`) is valid but at or before the threshold."""
@@ -164,27 +167,33 @@ class StreamWriter:
             & (F.unix_millis(record[EVENT_TIME]) <= F.lit(threshold_ms))
         )
 
-    def _counts(self, batch: DataFrame, threshold_ms: int, *, unusable: bool) -> dict[str, int]:
-        """Per source: records read, invalid, late; with ``unusable``, the joined rows that
-        cannot train. One aggregation over the batch."""
+    def _counts(self, batch: DataFrame, threshold_ms: int) -> dict[str, int]:
+        """Per source: records read, invalid, late; of the joined rows (events' first rows),
+        those that cannot train and, per enrichment, those whose key it did not find. One
+        aggregation over the batch."""
         record = F.col(RECORD)
         is_record = F.col(KIND) == "record"
+        first_row = ~is_record & self._first()
         flags = {
             "input": is_record,
             "invalid": is_record & (record[REASON] != ""),
             "late": is_record & self._late(threshold_ms),
+            "unusable": first_row & (unusable_reason(self.stage.features, self.stage.enrich) != ""),
         }
-        if unusable:
-            flags["unusable"] = ~is_record & (unusable_reason(self.stage.features) != "")
+        # The joined rows carry no record, so no source: theirs are the stage's counts.
+        of_rows = {"unusable": self._unusable_key}
+        for i, (key, flag) in enumerate(missing(self.stage.enrich).items()):
+            flags[f"missing{i}"] = first_row & flag
+            of_rows[f"missing{i}"] = f"flow.{key}"
         totals = batch.groupBy(F.when(is_record, record["source"]).alias("source")).agg(
             *[F.sum(flag.cast("int")).alias(kind) for kind, flag in flags.items()]
         )
-        counts: dict[str, int] = {self._unusable_key: 0}
+        counts: dict[str, int] = dict.fromkeys(of_rows.values(), 0)
         for row in totals.collect():
             source = row["source"]
             for kind in flags:
-                if kind == "unusable":  # the joined rows carry no record, so no source
-                    counts[self._unusable_key] += int(row[kind] or 0)
+                if kind in of_rows:
+                    counts[of_rows[kind]] += int(row[kind] or 0)
                 elif source is not None:
                     counts[f"flow.{kind}.{source}"] = int(row[kind] or 0)
         return counts

@@ -38,6 +38,9 @@ class StageReport:
     batches: int = 0
     pending_bound: int | None = None
     """Live: the most rows the join's state (plus rows dropped as too late) can account for."""
+    dimension_misses: dict[str, int] = field(default_factory=dict)
+    """Per enrichment (its source): rows whose key its table did not hold, kept with null
+    columns or dead letters as the enrichment's ``on_missing`` says."""
     lineage: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -56,6 +59,14 @@ class StageReport:
         bounded = self.pending_bound is None or self.pending <= self.pending_bound
         return self.pending >= 0 and balanced and bounded
 
+    def said_missing(self) -> str:
+        """``; keys not found: users 12, items 0`` for the summary line ('' without
+        enrichments)."""
+        if not self.dimension_misses:
+            return ""
+        found = ", ".join(f"{name} {n:,}" for name, n in self.dimension_misses.items())
+        return f"; keys not found: {found}"
+
     def metrics(self) -> dict[str, float]:
         rate = self.events_input / self.seconds if self.seconds > 0 else 0.0
         return {
@@ -71,5 +82,6 @@ class StageReport:
             "duplicates": float(self.duplicates),
             "rows_in_per_s": rate,
             "reconciled": float(self.reconciled),
+            **{f"missing.{name}": float(n) for name, n in self.dimension_misses.items()},
             **self.extra,
         }

@@ -3,7 +3,7 @@ becomes a training row."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -11,19 +11,20 @@ from pyspark.sql import functions as F
 from flow.config import StackConfig
 from flow.handoff import Channel
 from flow.pipeline.features import FeatureSpec
-from flow.pipeline.model import HandoffOutput, Pipeline
+from flow.pipeline.model import Enrich, HandoffOutput, Pipeline
 from flow.pipeline.state import FeatureState, layout
 from flow.storage import namespace_locations
 from spark_jobs.handoff import ExportOptions
+from spark_jobs.joins import FOUND_PREFIX, found_column
 from spark_jobs.validate import REASON
 
 __all__ = [
     "channel_for",
     "dead_letter_table",
     "export_options",
+    "missing",
     "split_unusable",
     "training_table",
-    "unusable_inputs",
     "unusable_letters",
     "unusable_reason",
 ]
@@ -82,32 +83,77 @@ def export_options(
     )
 
 
-def unusable_reason(spec: FeatureSpec) -> Column:
-    """Why a row cannot train ('' if it can): no label, or no positive weight."""
-    reasons = [F.when(F.col(spec.label).isNull(), F.lit(f"label '{spec.label}' is null"))]
+def _shown(column: Column) -> Column:
+    return F.coalesce(column.cast("string"), F.lit("null"))
+
+
+def _label_reason(spec: FeatureSpec) -> Column:
+    """Why the label cannot train: missing, not a number, or not what ``spec.labels`` allows."""
+    raw = F.col(spec.label)
+    value = raw.cast("double")
+    allowed = (
+        value.isin(0.0, 1.0)
+        if spec.labels == "binary"
+        else (value >= 0) & (value <= 1) & ~F.isnan(value)
+    )
+    said = "0 or 1" if spec.labels == "binary" else "in [0, 1]"
+    return F.when(raw.isNull(), F.lit(f"label '{spec.label}' is null")).when(
+        ~F.coalesce(allowed, F.lit(False)),
+        F.concat(
+            F.lit(f"label '{spec.label}' = "),
+            _shown(raw),
+            F.lit(
+                f" is not {said} (FeatureSpec.labels={spec.labels!r}; derive a label that "
+                "is, e.g. Derived('label', 'rating >= 4'))"
+            ),
+        ),
+    )
+
+
+def _weight_reason(spec: FeatureSpec, weight_column: str) -> Column:
+    """Why the weight cannot train: missing, not a positive number, or outside its range."""
+    raw = F.col(weight_column)
+    value = raw.cast("double")
+    bad = value.isNull() | F.isnan(value) | (value <= 0)
+    said = "a positive number"
+    if spec.weight_range is not None:
+        low, high = spec.weight_range
+        bad = bad | (value < low) | (value > high)
+        said = f"in [{low:g}, {high:g}] (FeatureSpec.weight_range)"
+    return F.when(
+        bad, F.concat(F.lit(f"weight '{weight_column}' = "), _shown(raw), F.lit(f" is not {said}"))
+    )
+
+
+def _missing_reason(spec: Enrich) -> Column:
+    return F.when(
+        F.col(found_column(spec)).isNull(),
+        F.concat(F.lit(f"no {spec.source} row with {spec.on} = "), _shown(F.col(spec.on))),
+    )
+
+
+def missing(enrichments: Sequence[Enrich]) -> dict[str, Column]:
+    """Per enrichment (``missing.<source>``): whether a row's key was not in its table."""
+    return {f"missing.{e.source}": F.col(found_column(e)).isNull() for e in enrichments}
+
+
+def unusable_reason(spec: FeatureSpec, enrichments: Sequence[Enrich] = ()) -> Column:
+    """Why a row cannot train ('' if it can): its label (null, or not what the spec's
+    ``labels`` allows), its weight (not positive, or outside ``weight_range``), or a key an
+    enrichment with ``on_missing="dead_letter"`` did not find."""
+    reasons = [_label_reason(spec)]
     if isinstance(spec.weight, str):
-        weight = F.col(spec.weight)
-        reasons.append(
-            F.when(
-                weight.isNull() | (weight <= 0),
-                F.concat(
-                    F.lit(f"weight '{spec.weight}' = "),
-                    F.coalesce(weight.cast("string"), F.lit("null")),
-                    F.lit(" is not a positive number"),
-                ),
-            )
-        )
+        reasons.append(_weight_reason(spec, spec.weight))
+    reasons += [_missing_reason(e) for e in enrichments if e.on_missing == "dead_letter"]
     return F.concat_ws("; ", *reasons)
 
 
-def unusable_inputs(spec: FeatureSpec) -> set[str]:
-    """The columns :func:`unusable_reason` reads."""
-    return {spec.label} | ({spec.weight} if isinstance(spec.weight, str) else set())
-
-
-def unusable_letters(rows: DataFrame, spec: FeatureSpec, source: str) -> DataFrame:
+def unusable_letters(
+    rows: DataFrame, spec: FeatureSpec, source: str, enrichments: Sequence[Enrich] = ()
+) -> DataFrame:
     """The rows that cannot train, as dead letters (the row as JSON) with the reason."""
-    checked = rows.withColumn(REASON, unusable_reason(spec))
+    checked = rows.withColumn(REASON, unusable_reason(spec, enrichments))
+    shown = [F.col(c) for c in rows.columns if not c.startswith(FOUND_PREFIX)]
     return checked.where(F.col(REASON) != "").select(
         F.lit(source).alias("source"),
         F.lit(None).cast("string").alias("topic"),
@@ -115,12 +161,14 @@ def unusable_letters(rows: DataFrame, spec: FeatureSpec, source: str) -> DataFra
         F.lit(None).cast("bigint").alias("offset"),
         F.lit(None).cast("timestamp").alias("kafka_timestamp"),
         F.lit(None).cast("binary").alias("key"),
-        F.to_json(F.struct(*[F.col(c) for c in rows.columns])).cast("binary").alias("raw"),
+        F.to_json(F.struct(*shown)).cast("binary").alias("raw"),
         F.col(REASON).alias("reason"),
     )
 
 
-def split_unusable(rows: DataFrame, spec: FeatureSpec, source: str) -> tuple[DataFrame, DataFrame]:
-    """(rows with a label and a positive weight, the others as dead letters with the reason)."""
-    usable = rows.where(unusable_reason(spec) == "")
-    return usable, unusable_letters(rows, spec, source)
+def split_unusable(
+    rows: DataFrame, spec: FeatureSpec, source: str, enrichments: Sequence[Enrich] = ()
+) -> tuple[DataFrame, DataFrame]:
+    """(rows that can train, the others as dead letters with the reason)."""
+    usable = rows.where(unusable_reason(spec, enrichments) == "")
+    return usable, unusable_letters(rows, spec, source, enrichments)

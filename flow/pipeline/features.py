@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 from flow.errors import ConfigError
 from flow.pipeline.schema import Definition, check_identifier
@@ -29,6 +30,8 @@ __all__ = [
 ]
 
 Kind = Literal["dense", "sparse", "sequence"]
+LabelKind = Literal["binary", "probability"]
+"""What a FeatureSpec's labels may be (see ``FeatureSpec.labels``)."""
 MAX_VOCABULARY = 100_000
 
 
@@ -193,6 +196,12 @@ class FeatureSpec(Definition):
     """A numeric column, or one weight for every row."""
     passthrough: tuple[str, ...] = ()
     """Columns copied unchanged into training rows (event time, ids for debugging)."""
+    labels: LabelKind = "binary"
+    """What a label may be: ``binary``, 0 or 1 (a click); ``probability``, any value in [0, 1]
+    (a soft label). A row with another label is a dead letter naming it, never a training row."""
+    weight_range: tuple[float, float] | None = None
+    """For a weight column: the values a weight may take, inclusive (e.g. ``(0.1, 100)``);
+    rows outside it are dead letters. Any weight must be positive."""
 
     def __post_init__(self) -> None:
         check_identifier(self.name, "FeatureSpec.name")
@@ -209,12 +218,33 @@ class FeatureSpec(Definition):
             )
         if isinstance(self.weight, float | int) and self.weight <= 0:
             raise ConfigError(f"FeatureSpec {self.name!r}: weight={self.weight} must be positive")
+        self._check_label_and_weight()
         reserved = {"label", "weight", "dense", "sparse"} | {f"seq_{n}" for n in names}
         clash = sorted(set(self.passthrough) & reserved - {self.label})
         if clash:
             raise ConfigError(
                 f"FeatureSpec {self.name!r}: passthrough column(s) {', '.join(clash)} clash with "
                 "the training row's own columns"
+            )
+
+    def _check_label_and_weight(self) -> None:
+        if self.labels not in get_args(LabelKind):
+            raise ConfigError(
+                f"FeatureSpec {self.name!r}: labels={self.labels!r}; use 'binary' (0 or 1) or "
+                "'probability' (0 to 1)"
+            )
+        if self.weight_range is None:
+            return
+        if not isinstance(self.weight, str):
+            raise ConfigError(
+                f"FeatureSpec {self.name!r}: weight_range is for a weight column; "
+                f"weight={self.weight} is one weight for every row"
+            )
+        low, high = self.weight_range
+        if not (math.isfinite(low) and math.isfinite(high) and 0 < low <= high):
+            raise ConfigError(
+                f"FeatureSpec {self.name!r}: weight_range={self.weight_range}; give "
+                "(low, high) with 0 < low <= high"
             )
 
     def names(self) -> list[str]:
@@ -251,6 +281,9 @@ class FeatureSpec(Definition):
                 "label": self.label,
                 "weight": self.weight,
                 "passthrough": list(self.passthrough),
+                # Only when set: states fitted before these settings existed still fit.
+                **({"labels": self.labels} if self.labels != "binary" else {}),
+                **({"weight_range": self.weight_range} if self.weight_range else {}),
             },
             sort_keys=True,
             default=list,

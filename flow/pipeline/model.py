@@ -104,11 +104,20 @@ class Enrich(Definition):
     on: str
     columns: tuple[str, ...]
     prefix: str = ""
+    on_missing: Literal["keep", "dead_letter"] = "keep"
+    """An event whose key the table does not hold (or a null key): ``keep`` it, its columns
+    null (the features' null handling applies); or make it a ``dead_letter`` naming the key.
+    Either way the misses are counted per enrichment (``missing.<source>`` in the report)."""
 
     def __post_init__(self) -> None:
         check_identifier(self.on, "Enrich.on")
         if not self.columns:
             raise ConfigError(f"Enrich({self.source!r}) takes no columns; list the ones to add")
+        if self.on_missing not in ("keep", "dead_letter"):
+            raise ConfigError(
+                f"Enrich({self.source!r}): on_missing={self.on_missing!r}; use 'keep' or "
+                "'dead_letter'"
+            )
 
 
 @dataclass(frozen=True)

@@ -467,3 +467,24 @@ def test_a_label_strategy_is_checked_and_recorded_for_the_channel() -> None:
     }
     # A backfill knows every label: its rows are final whatever the live stage emits.
     assert fresh.channel_labels(streaming=False)["strategy"] == "window"
+
+
+def _spec(**changes: object) -> FeatureSpec:
+    base: dict[str, object] = {
+        "name": "rows",
+        "features": (Hashed("id", buckets=8),),
+        "label": "rating",
+        "weight": "w",
+    }
+    return FeatureSpec(**(base | changes))  # type: ignore[arg-type]
+
+
+def test_label_and_weight_settings_are_checked_when_built() -> None:
+    with pytest.raises(ConfigError, match="labels='stars'; use 'binary'"):
+        _spec(labels="stars")
+    with pytest.raises(ConfigError, match="weight_range is for a weight column"):
+        _spec(weight=2.0, weight_range=(1, 3))
+    with pytest.raises(ConfigError, match=r"weight_range=\(3, 1\); give"):
+        _spec(weight_range=(3, 1))
+    assert _spec().fingerprint == _spec(labels="binary").fingerprint  # old states still fit
+    assert _spec().fingerprint != _spec(labels="probability").fingerprint

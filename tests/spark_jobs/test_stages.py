@@ -142,7 +142,11 @@ class Lake:
         )
 
     def pipeline(
-        self, strategy: LabelStrategy = "window", weight: str | float = 1.0, **live: Any
+        self,
+        strategy: LabelStrategy = "window",
+        weight: str | float = 1.0,
+        on_missing: Literal["keep", "dead_letter"] = "keep",
+        **live: Any,
     ) -> Pipeline:
         topic = f"{self.ns}.impressions"
         users = IcebergSource(f"{self.ns}.users", USERS)
@@ -158,7 +162,13 @@ class Lake:
             "users": users,
         }
         enrich = (
-            Enrich("users", on="user_id", columns=("country", "segment", "boost"), prefix="user_"),
+            Enrich(
+                "users",
+                on="user_id",
+                columns=("country", "segment", "boost"),
+                prefix="user_",
+                on_missing=on_missing,
+            ),
         )
         return Pipeline(
             "test",
@@ -288,6 +298,8 @@ def test_backfill_labels_validates_enriches_fits_and_reconciles(
     assert rows["i7"]["user_segment"] is None, (
         "an unknown user enriches to nulls, not to a lost row"
     )
+    assert report.dimension_misses == {"users": 1}  # i7's user 9: kept, counted
+    assert report.metrics()["missing.users"] == 1
     assert all(len(r["sparse"]) == 3 and len(r["dense"]) == 1 for r in rows.values())
     assert all(0 < r["sparse"][0] < 100 for r in rows.values())
     assert dead_reasons(spark, world, "backfill") == [
@@ -611,6 +623,49 @@ def test_immediate_labels_emit_each_event_at_once_and_its_positive_when_the_clic
     assert report.pending == 0  # nothing waits for a window
     assert report.reconciled
     assert report.lineage["label_strategy"] == "immediate"
+
+
+def test_events_whose_dimension_key_is_unknown_can_be_dead_letters(
+    spark: SparkSession, world: Lake
+) -> None:
+    pipeline = world.pipeline("immediate", on_missing="dead_letter", trigger="1 second")
+    report, _ = run_backfill(
+        spark, pipeline, pipeline.stage("backfill", BackfillStage), world.stack
+    )
+    assert "i7" not in rows_of(world, "backfill")
+    assert "no users row with user_id = 9" in dead_reasons(spark, world, "backfill")
+    assert (report.events_dead, report.training_rows, report.dimension_misses) == (
+        4,
+        4,
+        {"users": 1},
+    )
+    assert report.reconciled
+
+    run = LiveRun(spark, world, pipeline)
+    try:
+        world.send(
+            "impressions",
+            [
+                {"id": "e1", "user_id": 1, "ts": m(0), "position": 1, "device": "ios"},
+                {"id": "e2", "user_id": 42, "ts": m(1), "position": 2, "device": "web"},
+            ],
+        )
+        # A click on the event that cannot train: its positive must not train or count again.
+        world.send("clicks", [{"id": "e1", "ts": m(0.5)}, {"id": "e2", "ts": m(1.5)}])
+        wait_for(lambda: ("e1", 1.0) in {(r["id"], r["label"]) for r in rows_of_all(world)}, "e1")
+        wait_for(
+            lambda: "no users row with user_id = 42" in dead_reasons(spark, world, "live"), "e2"
+        )
+    finally:
+        report = run.finish()
+    assert sorted((r["id"], r["label"]) for r in rows_of_all(world)) == [("e1", 0.0), ("e1", 1.0)]
+    assert dead_reasons(spark, world, "live") == ["no users row with user_id = 42"]
+    assert (report.events_input, report.events_dead, report.dimension_misses) == (
+        2,
+        1,
+        {"users": 1},
+    )
+    assert report.reconciled
 
 
 @pytest.mark.parametrize(
