@@ -95,7 +95,7 @@ class BackfillRun(StageRun[BackfillStage]):
         rows = self.read_events()
         if self.stage.label is not None:
             rows = self.label(rows, self.stage.label)
-        usable = self.usable(enriched(rows, self.stage.enrich, self.dimension))
+        usable = self.usable(enriched(rows, self.stage, self.dimension))
         state = self.fit_or_load(usable)
         self.ensure_namespace()
         training = training_rows(usable, self.stage.features, state)

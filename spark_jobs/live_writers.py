@@ -110,10 +110,10 @@ class StreamWriter:
         if batch_id <= min(self.training.last, self.ledger.last):
             return  # a replay of a batch already committed in full
         spec, enrichments = self.stage.features, self.stage.enrich
-        # The joined rows are enriched before the batch is cached: the counts (rows that cannot
-        # train, keys an enrichment did not find) and the export read the same join, run once.
+        # The joined rows are enriched (and derived) before the batch is cached: the counts (rows
+        # that cannot train, keys an enrichment did not find) and the export read them, made once.
         # Every action on `batch` would run the stateful operators again: computed once, cached.
-        batch = enriched(batch, enrichments, self.dimensions.side).persist()
+        batch = enriched(batch, self.stage, self.dimensions.side).persist()
         threshold = late_threshold_ms(self.checkpoint, batch_id)
         rows = batch.where(F.col(KIND) == "row").drop(KIND, RECORD)
         # The first action: it runs the stateful operators, so their metrics are final after it.

@@ -22,11 +22,13 @@ import time
 from collections.abc import Callable
 from typing import Generic, Literal, TypeVar
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from flow.config import StackConfig
-from flow.pipeline.model import BackfillStage, Enrich, HandoffOutput, LiveStage, Pipeline
+from flow.errors import ConfigError
+from flow.pipeline.model import BackfillStage, Enrich, HandoffOutput, LiveStage, Pipeline, Stage
 from flow.pipeline.state import FeatureState, states_location
 from flow.storage import Location, location, namespace_locations
 from spark_jobs.joins import enrich
@@ -38,6 +40,7 @@ from spark_jobs.validate import REASON
 __all__ = [
     "Progress",
     "StageRun",
+    "check_derived",
     "check_outputs",
     "enriched",
     "input_counts",
@@ -63,15 +66,36 @@ def positives(training: DataFrame) -> int:
     return int(found[0]) if found is not None and found[0] is not None else 0
 
 
-def enriched(
-    rows: DataFrame, enrichments: tuple[Enrich, ...], side: Callable[[Enrich], DataFrame]
-) -> DataFrame:
-    """``rows`` joined with each dimension table in turn; ``side`` gives an enrichment's
+def enriched(rows: DataFrame, stage: Stage, side: Callable[[Enrich], DataFrame]) -> DataFrame:
+    """``rows`` joined with each of the stage's dimension tables in turn, then its
+    :class:`~flow.pipeline.model.Derived` columns, in order. ``side`` gives an enrichment's
     dimension as joined (spark_jobs.joins.dimension_side): a backfill reads it once and records
     its snapshot, a stream keeps it cached until the table changes."""
-    for spec in enrichments:
+    for spec in stage.enrich:
         rows = enrich(rows, side(spec), spec)
+    for derived in stage.derive:
+        rows = rows.withColumn(derived.name, F.expr(derived.sql).cast(derived.type))
     return rows
+
+
+def check_derived(spark: SparkSession, pipeline: Pipeline, stage: Stage) -> None:
+    """Resolve the stage's Derived expressions against its declared columns, on an empty frame:
+    a ConfigError with Spark's reason, before the stage reads anything."""
+    if not stage.derive:
+        return
+    made = {d.name for d in stage.derive}
+    declared = [f for name, f in pipeline.columns[stage.name].items() if name not in made]
+    schema = ", ".join(f"`{f.name}` {f.type}" for f in declared)
+    frame = spark.createDataFrame([], schema)
+    for derived in stage.derive:
+        try:
+            frame = frame.withColumn(derived.name, F.expr(derived.sql).cast(derived.type))
+        except AnalysisException as exc:  # a ParseException is one too
+            reason = str(exc).strip().splitlines()[0]
+            raise ConfigError(
+                f"stage {stage.name!r}: Derived({derived.name!r}, {derived.sql!r}) does not "
+                f"work on its columns ({', '.join(frame.columns)}): {reason}"
+            ) from None
 
 
 def stage_outputs(
@@ -126,7 +150,9 @@ class StageRun(Generic[S]):
         self.report = StageReport(pipeline.name, stage.name, kind, stage.channel)
 
     def check_outputs(self, *, fits: bool = False) -> None:
-        """Fail now, naming the setting, if the stage could not write its outputs at the end."""
+        """Fail now, naming what to change, if the stage could not write its outputs at the end
+        or could not compute its Derived columns."""
+        check_derived(self.spark, self.pipeline, self.stage)
         check_outputs(self.stack, self.pipeline, self.stage, fits=fits)
 
     @property

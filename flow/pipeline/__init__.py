@@ -23,6 +23,7 @@ from flow.pipeline.features import (
 )
 from flow.pipeline.model import (
     BackfillStage,
+    Derived,
     Enrich,
     HandoffOutput,
     LabelJoin,
@@ -43,6 +44,7 @@ __all__ = [
     "Bucketized",
     "Cross",
     "DeltaSource",
+    "Derived",
     "Enrich",
     "Feature",
     "FeatureSpec",

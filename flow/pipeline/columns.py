@@ -99,6 +99,15 @@ def stage_columns(stage: Stage, source: SourceLookup) -> dict[str, Field]:
             added = Field(enrich.prefix + column, dim_fields[column].type)
             _add(available, origin, added, f"enrich {enrich.source!r}", where)
 
+    for derived in stage.derive:
+        _add(
+            available,
+            origin,
+            Field(derived.name, derived.type),
+            f"Derived({derived.name!r})",
+            where,
+        )
+
     _check_features(stage.features, available, where)
     return available
 

@@ -11,6 +11,7 @@ where two of them use one name for different things.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar, overload
@@ -20,8 +21,10 @@ from flow.handoff.shards import codec
 from flow.pipeline.columns import stage_columns
 from flow.pipeline.features import FeatureSpec
 from flow.pipeline.schema import (
+    FIELD_TYPES,
     Definition,
     Field,
+    FieldType,
     check_identifier,
     check_interval,
     check_trigger,
@@ -32,6 +35,7 @@ from flow.pipeline.sources import Source
 __all__ = [
     "LABEL_STRATEGIES",
     "BackfillStage",
+    "Derived",
     "Enrich",
     "HandoffOutput",
     "LabelJoin",
@@ -120,6 +124,48 @@ class Enrich(Definition):
             )
 
 
+_NOT_DETERMINISTIC = re.compile(
+    r"\b(rand|randn|random|uuid|shuffle|now|current_\w+|localtimestamp|"
+    r"monotonically_increasing_id|spark_partition_id|input_file_\w+)\b",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Derived(Definition):
+    """A column computed by a Spark SQL expression over the stage's other columns, after the
+    label join and the enrichments, before the features: ``Derived("label", "rating >= 4")``,
+    ``Derived("hour", "hour(ts)", type="int")``.
+
+    The result is cast to ``type``. A backfill and a stream compute it with the same
+    expression, so it must be deterministic (no ``rand()``, no ``current_timestamp()``). The
+    expression is resolved against the stage's declared columns when the stage starts, before
+    it reads anything; a row it fails on (Spark's ANSI mode: ``try_cast``, ``try_divide`` return
+    null instead) fails the batch. Later ones may use earlier ones.
+    """
+
+    name: str
+    sql: str
+    type: FieldType = "double"
+
+    def __post_init__(self) -> None:
+        check_identifier(self.name, "Derived.name")
+        if not self.sql.strip():
+            raise ConfigError(f"Derived({self.name!r}) has no expression; write e.g. 'hour(ts)'")
+        if self.type not in FIELD_TYPES:
+            raise ConfigError(
+                f"Derived({self.name!r}): type {self.type!r} is unknown; types: "
+                f"{', '.join(FIELD_TYPES)}{did_you_mean(self.type, FIELD_TYPES)}"
+            )
+        found = _NOT_DETERMINISTIC.search(self.sql)
+        if found:
+            raise ConfigError(
+                f"Derived({self.name!r}, {self.sql!r}) uses {found.group(0)}, which gives other "
+                "values in a backfill than in a stream; derive from the events' own columns "
+                "(e.g. their event time)"
+            )
+
+
 @dataclass(frozen=True)
 class BackfillStage(Definition):
     """A batch stage over table history; with ``fit`` it also fits the feature state."""
@@ -130,6 +176,8 @@ class BackfillStage(Definition):
     channel: str
     label: LabelJoin | None = None
     enrich: tuple[Enrich, ...] = ()
+    derive: tuple[Derived, ...] = ()
+    """Columns computed after the label join and the enrichments (see :class:`Derived`)."""
     fit: bool = True
 
     streaming = False
@@ -145,6 +193,8 @@ class LiveStage(Definition):
     channel: str
     label: LabelJoin | None = None
     enrich: tuple[Enrich, ...] = ()
+    derive: tuple[Derived, ...] = ()
+    """Columns computed after the label join and the enrichments (see :class:`Derived`)."""
     trigger: str = "10 seconds"
     """Micro-batch interval when running continuously (``--continuous``), as Spark's
     ``processingTime`` takes it: '10 seconds', '500 milliseconds', '1 minute'."""

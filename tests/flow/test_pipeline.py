@@ -13,6 +13,7 @@ from flow.pipeline import (
     BackfillStage,
     Bucketized,
     Cross,
+    Derived,
     Enrich,
     FeatureSpec,
     Field,
@@ -488,3 +489,29 @@ def test_label_and_weight_settings_are_checked_when_built() -> None:
         _spec(weight_range=(3, 1))
     assert _spec().fingerprint == _spec(labels="binary").fingerprint  # old states still fit
     assert _spec().fingerprint != _spec(labels="probability").fingerprint
+
+
+def _with_stage(pipeline: Pipeline, **changes: Any) -> Pipeline:
+    return dataclasses.replace(
+        pipeline, stages=tuple(dataclasses.replace(s, **changes) for s in pipeline.stages)
+    )
+
+
+def test_derived_columns_feed_features_and_are_checked_when_built() -> None:
+    pipeline = ctr_backfill()
+    spec = pipeline.stages[0].features
+    hourly = dataclasses.replace(spec, features=(*spec.features, Numeric("hour")))
+    built = _with_stage(
+        pipeline, derive=(Derived("hour", "hour(ts)", type="int"),), features=hourly
+    )
+    assert built.columns["backfill"]["hour"] == Field("hour", "int")
+    with pytest.raises(ConfigError, match="reads column 'hour', which does not exist here"):
+        _with_stage(pipeline, features=hourly)  # a feature of a column no one derives
+    with pytest.raises(ConfigError, match=r"Derived\('label'\) adds column 'label', which"):
+        _with_stage(pipeline, derive=(Derived("label", "position <= 2"),))
+    with pytest.raises(ConfigError, match="uses current_timestamp, which gives other values"):
+        Derived("age_s", "unix_seconds(current_timestamp()) - unix_seconds(ts)")
+    with pytest.raises(ConfigError, match=r"type 'integer' is unknown.*did you mean"):
+        Derived("hour", "hour(ts)", type="integer")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="has no expression"):
+        Derived("hour", " ")

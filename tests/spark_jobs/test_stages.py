@@ -26,6 +26,7 @@ from flow.handoff import Channel
 from flow.pipeline import (
     BackfillStage,
     Cross,
+    Derived,
     Enrich,
     FeatureSpec,
     Field,
@@ -666,6 +667,68 @@ def test_events_whose_dimension_key_is_unknown_can_be_dead_letters(
         {"users": 1},
     )
     assert report.reconciled
+
+
+DERIVED = (
+    Derived("minute_of_day", "hour(ts) * 60 + minute(ts)", type="int"),
+    Derived("mobile", "device IN ('ios', 'android')"),
+    Derived("slot", "minute_of_day div 15", type="int"),  # from the one before
+)
+
+
+def with_derived(pipeline: Pipeline, derive: tuple[Derived, ...]) -> Pipeline:
+    """``pipeline`` with ``derive`` on every stage, and the derived columns passed through."""
+    names = tuple(d.name for d in derive)
+    stages = tuple(
+        replace(
+            s,
+            derive=derive,
+            features=replace(s.features, passthrough=(*s.features.passthrough, *names)),
+        )
+        for s in pipeline.stages
+    )
+    return replace(pipeline, stages=stages)
+
+
+def test_derived_columns_are_the_same_in_a_backfill_and_a_stream(
+    spark: SparkSession, world: Lake
+) -> None:
+    pipeline = with_derived(world.pipeline("immediate", trigger="1 second"), DERIVED)
+    run_backfill(spark, pipeline, pipeline.stage("backfill", BackfillStage), world.stack)
+
+    def derived(row: dict[str, Any]) -> tuple[Any, ...]:
+        return row["minute_of_day"], row["mobile"], row["slot"]
+
+    batch = {k: derived(r) for k, r in rows_of(world, "backfill").items()}
+    minute = T0.hour * 60 + T0.minute
+    assert batch["i1"] == (minute, 1.0, minute // 15)
+    assert batch["i2"] == (minute + 1, 0.0, (minute + 1) // 15)  # web
+    assert batch["i4"][1] is None  # no device: null, as SQL says
+    run = LiveRun(spark, world, pipeline)
+    try:
+        world.send(  # the same events as i1, i2 and i4 of the history
+            "impressions",
+            [
+                {"id": "e1", "user_id": 1, "ts": m(0), "position": 1, "device": "ios"},
+                {"id": "e2", "user_id": 2, "ts": m(1), "position": 2, "device": "web"},
+                {"id": "e4", "user_id": 3, "ts": m(3), "position": 4},
+            ],
+        )
+        wait_for(lambda: len(rows_of_all(world)) == 3, "the three events")
+    finally:
+        run.finish()
+    stream = {r["id"]: derived(r) for r in rows_of_all(world)}
+    assert stream == {"e1": batch["i1"], "e2": batch["i2"], "e4": batch["i4"]}
+
+
+def test_a_derived_expression_that_does_not_resolve_stops_the_stage_before_it_reads(
+    spark: SparkSession, world: Lake
+) -> None:
+    pipeline = with_derived(world.pipeline(), (Derived("hour", "hour(tss)", type="int"),))
+    stage = pipeline.stage("backfill", BackfillStage)
+    with pytest.raises(ConfigError, match=r"Derived\('hour', 'hour\(tss\)'\) does not work.*tss"):
+        run_backfill(spark, pipeline, stage, world.stack)
+    assert not Channel(f"{world.stack.handoff}/{world.ns}", "backfill").exists()
 
 
 @pytest.mark.parametrize(
