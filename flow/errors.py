@@ -16,6 +16,7 @@ __all__ = [
     "FlowError",
     "HandoffError",
     "JavaNotFoundError",
+    "LoadError",
     "MissingCommitError",
     "PortInUseError",
     "SchemaMismatchError",
@@ -32,6 +33,11 @@ class FlowError(Exception):
 
 class ConfigError(FlowError, ValueError):
     """A setting has a value that cannot work; the message names the setting."""
+
+
+class LoadError(FlowError, ValueError):
+    """Input data cannot be loaded as it is (``flow load``, ``flow import``); the message names
+    the file, the column, the row and value, and the option or the data to change."""
 
 
 class DependencyMissingError(FlowError, ImportError):

@@ -3,6 +3,8 @@
     flow services up | down | status     the embedded local stack
     flow ui                              the MLflow UI of the local stack
     flow jars fetch | list               JVM artifacts in the project-local cache
+    flow load FILE --table NS.NAME       a CSV, Parquet or JSON-lines file into Iceberg
+    flow import criteo FILE --table NS.NAME   the Criteo display-ads format into Iceberg
     flow submit [spark-submit options] APP.py [args]
     flow demo                            the whole product end to end on the local stack
     flow insight RUN_ID                  training-data statistics, plots and drift of a run
@@ -26,7 +28,7 @@ import sys
 
 import click
 
-from flow.cli import channels, data, jobs, lifecycle, local
+from flow.cli import channels, data, ingest, jobs, lifecycle, local
 from flow.console import DEBUG_ENV, DEBUG_FLAG
 
 __all__ = ["main"]
@@ -54,6 +56,8 @@ for command in (
     local.ui,
     local.jars,
     data.generate,
+    ingest.load,
+    ingest.import_,
     jobs.submit,
     jobs.run,
     jobs.spark_args,

@@ -1,8 +1,9 @@
-"""``flow generate``: synthetic CTR data in Iceberg and Kafka."""
+"""``flow generate``: synthetic CTR data in Iceberg and Kafka, and a Criteo-format file."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
@@ -207,3 +208,21 @@ def generate_update_users(namespace: str, share: float, seed: int) -> None:
 
     changed = update_users(stack_config(), namespace=namespace, share=share, seed=seed)
     console.print(f"changed {changed:,} users in {namespace}.users")
+
+
+@generate.command("criteo")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--rows", default=100_000, show_default=True)
+@click.option("--missing", default=0.1, show_default=True, help="Share of each feature left empty.")
+@click.option("--seed", default=3, show_default=True)
+@friendly
+def generate_criteo(file: Path, rows: int, missing: float, seed: int) -> None:
+    """A Criteo display-ads format file (tab separated; gzip if FILE ends in .gz) whose clicks
+    follow a known model, for trying `flow import criteo` without the real data."""
+    from flow.workflows.criteo import write_criteo_sample
+
+    sample = write_criteo_sample(file, rows, seed=seed, missing=missing)
+    console.print(
+        f"{sample.rows:,} rows, {sample.clicks:,} clicks ({sample.clicks / sample.rows:.1%}) "
+        f"in {file}"
+    )

@@ -1,0 +1,65 @@
+"""``flow load`` / ``flow import criteo`` / ``flow generate criteo`` from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from flow.cli import main
+from flow.config import StackConfig
+from flow.stack.iceberg import open_catalog
+from tests.support import stack_env_for
+
+
+def said(output: str) -> str:
+    return " ".join(output.split())
+
+
+def test_a_dry_run_shows_the_schema_and_writes_nothing(tmp_path: Path) -> None:
+    env = stack_env_for(tmp_path / "home")
+    path = tmp_path / "ratings.csv"
+    path.write_text("userId,movieId,rating,timestamp\n1,10,4.5,1714564800\n")
+    args = ["load", str(path), "--table", "movies.ratings", "--timestamp-columns", "timestamp"]
+    done = CliRunner().invoke(main, [*args, "--epoch-unit", "s", "--dry-run"], env=env)
+    assert done.exit_code == 0, done.output
+    out = said(done.output)
+    assert "timestamptz" in out
+    assert "epoch seconds" in out
+    assert "--rename 'userId=user_id'" in out
+    assert "dry run: nothing written" in out
+    catalog = open_catalog(StackConfig.from_env(env).catalog)
+    assert not catalog.table_exists("movies.ratings")
+
+
+def test_load_then_load_again_says_to_append_or_replace(tmp_path: Path) -> None:
+    env = stack_env_for(tmp_path / "home")
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"id": 1, "ts": "2024-05-01T12:00:00Z"}\n')
+    runner = CliRunner()
+    done = runner.invoke(main, ["load", str(path), "--table", "mine.events"], env=env)
+    assert done.exit_code == 0, done.output
+    assert "1 rows into mine.events" in said(done.output)
+    again = runner.invoke(main, ["load", str(path), "--table", "mine.events"], env=env)
+    assert again.exit_code == 1
+    assert "error: table mine.events exists; pass --append" in said(again.output)
+    both = ["load", str(path), "--table", "mine.events", "--append", "--replace"]
+    assert runner.invoke(main, both, env=env).exit_code == 2
+
+
+def test_a_generated_criteo_file_imports(tmp_path: Path) -> None:
+    env = stack_env_for(tmp_path / "home")
+    runner = CliRunner()
+    sample = tmp_path / "criteo.txt"
+    done = runner.invoke(main, ["generate", "criteo", str(sample), "--rows", "500"], env=env)
+    assert done.exit_code == 0, done.output
+    args = ["import", "criteo", str(sample), "--table", "criteo.days"]
+    when = ["--start", "2024-01-01T00:00:00Z", "--rows-per-second", "1"]
+    done = runner.invoke(main, [*args, *when], env=env)
+    assert done.exit_code == 0, done.output
+    assert "500 rows into criteo.days" in said(done.output)
+    bad = runner.invoke(
+        main, [*args, "--replace", "--start", "yesterday", "--rows-per-second", "1"], env=env
+    )
+    assert bad.exit_code == 2
+    assert "ISO-8601" in bad.output
