@@ -62,8 +62,8 @@ def _rows(seed: int, n: int) -> list[tuple[Any, ...]]:
         return None if pick.random() < share else value
 
     def sequence() -> list[str | None] | None:
-        items = [maybe(pick.choice("pqrstu")) for _ in range(pick.randint(0, 6))]
-        return maybe(items)
+        items: list[str | None] = [maybe(pick.choice("pqrstu")) for _ in range(pick.randint(0, 6))]
+        return None if pick.random() < share else items
 
     return [
         (
@@ -154,9 +154,9 @@ def test_nulls_fit_and_transform_as_documented_for_every_feature_kind(
             got = out[row_id]["dense"][position]
             assert got == pytest.approx(_dense(feature, value, state), rel=1e-5, abs=1e-5)
 
-    for position, feature in enumerate(sparse):
+    for position, categorical in enumerate(sparse):
         got = [out[i]["sparse"][position] for i in ids]
-        _check_sparse(feature, rows, got, state, words)
+        _check_sparse(categorical, rows, got, state, words)
 
     sequences = [out[i]["seq_seq"] for i in ids]
     for given, indices in zip(_column(rows, "seq"), sequences, strict=True):
