@@ -394,7 +394,9 @@ class _EpochWalk(Generic[T]):
             self.after, list(self.before), counters, counters[0], materializer.carry_refs
         )
         spans = planned[1] if planned else self._spans(commit)
-        share = targets(commit.rows, self.before)
+        # The rows read, not the commit's: with a bucket subset they differ, and the shares
+        # must be those the epoch's totals (and so its batch sizes) were computed with.
+        share = targets(sum(s.rows for s in reader._refs(commit)), self.before)
         self.before = [b + s for b, s in zip(self.before, share, strict=True)]
         if upcoming is not None:
             # Without this, the next commit's first shards were decoded only once its first
