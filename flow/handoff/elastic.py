@@ -29,6 +29,7 @@ and some never, because ownership and balance depend on the world size.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -259,20 +260,21 @@ def _replay(
         epoch=plan.epoch,
     )[rank]
     found: tuple[Window, list[BatchPlan]] | None = None
-    for window, batches in planner.add(spans):
+    windows = planner.add(spans)
+    if plan.rest is not None and stop.counters[0] == 0:  # the epoch's carried rows first
+        windows = itertools.chain(planner.drain(), windows)
+    for window, batches in windows:
         if window.ident == stop.window:
             found = (window, batches)
         elif window.ident > stop.window:
             left.setdefault(commit, []).extend(_pieces(list(window.spans), shards(commit)))
     if found is None and stop.position > planner.batches:
-        # Its window in progress is the epoch's last: the carried rows alone (a finite epoch
-        # draining them, or a followed channel's close).
-        if plan.totals is not None:
-            terminal = planner.drain()
-        else:
+        # Its window in progress is a followed channel's last: the carried rows at its close.
+        found = None
+        if plan.totals is None:
             share_ = targets(rows_of(plan.rest, commit, shards(commit)), before)
             terminal = planner.finish([b + s for b, s in zip(before, share_, strict=True)])
-        found = next(((w, b) for w, b in terminal if w.ident == stop.window), None)
+            found = next(((w, b) for w, b in terminal if w.ident == stop.window), None)
         if found is None:
             raise ConfigError(
                 f"the cursor of rank {rank} stands at batch {stop.position}, beyond its plan: "

@@ -381,11 +381,11 @@ class RankPlanner:
             yield window, [batch]
 
     def drain(self) -> Iterator[tuple[Window, list[BatchPlan]]]:
-        """At a finite epoch's end: a window of the carried rows alone, if batches remain.
+        """The carried rows alone, as a window cut into the batches they fill.
 
-        A planned epoch never needs one (its batch sizes use up its rows with its last span);
-        a resumed epoch does (:mod:`flow.handoff.elastic`): its ranks start with carried rows,
-        and a rank may have no span left to read them with.
+        How a re-cut epoch's rank begins (:mod:`flow.handoff.elastic`): it starts with rows
+        carried, maybe more than a window's, and maybe no span of its own to mix them with.
+        Windows leave fewer rows than a batch after it, as in any epoch.
         """
         if self._carry and self._next_size() is not None:
             seed = (self.seed, self.epoch, self.rank, self._windows)

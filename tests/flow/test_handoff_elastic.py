@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from flow.errors import ConfigError
+from flow.handoff import ChannelReader, ReadOptions, World, every_rank
 from flow.handoff.elastic import (
     OldPlan,
     Remainder,
@@ -37,6 +40,7 @@ from flow.handoff.plan import (
     span_refs,
     targets,
 )
+from tests.support import Writer, read_ids
 
 Commits = list[tuple[int, list[ShardRef]]]
 
@@ -98,6 +102,8 @@ def walk(setup: Setup, rest: Remainder | None, world: int, rank: int) -> Walked:
                 batches.append(refs)
                 stops.append(Stop(*mark, window.ident, carry, plan.ordinal + 1))
 
+    if rest is not None:  # a re-cut epoch begins with the rows its ranks carry
+        emit(planner.drain())
     after = -1
     for commit, shards in setup.commits:
         mark = (after, list(before), planner.counters())
@@ -108,7 +114,8 @@ def walk(setup: Setup, rest: Remainder | None, world: int, rank: int) -> Walked:
         before = [b + s for b, s in zip(before, share_, strict=True)]
         emit(planner.add(spans))
         after = commit
-    emit(planner.drain() if setup.finite else planner.finish(before))
+    if not setup.finite:
+        emit(planner.finish(before))
     return Walked(batches, stops, tracker.carry, totals)
 
 
@@ -254,3 +261,125 @@ def test_cursors_of_different_checkpoints_are_refused() -> None:
         remainder(plan, mixed, setup.ids(), setup.shards)
     with pytest.raises(ConfigError, match="3 cursors for a world of 2"):
         remainder(plan, [*mixed, mixed[0]], setup.ids(), setup.shards)
+
+
+# -- on real channels: readers of N ranks stopped, readers of M ranks finishing the epoch ------
+
+
+def first(reader: ChannelReader, batches: int) -> list[list[int]]:
+    return read_ids(reader, limit=batches) if batches else []
+
+
+def stop_world(
+    root: Path, size: int, options: ReadOptions, stops: Sequence[int]
+) -> tuple[list[int], list[dict[str, Any]]]:
+    """Readers of ``size`` ranks, rank r stopped after ``stops[r]`` batches: ids, cursors."""
+    ids, cursors = [], []
+    for rank in range(size):
+        reader = ChannelReader(str(root), "c", world=World(rank, size), options=options)
+        ids += [i for batch in first(reader, stops[rank]) for i in batch]
+        cursors.append(reader.state_dict())
+    return ids, cursors
+
+
+def resume_world(
+    root: Path, size: int, options: ReadOptions, cursors: list[dict[str, Any]]
+) -> list[ChannelReader]:
+    readers = []
+    for rank in range(size):
+        reader = ChannelReader(str(root), "c", world=World(rank, size), options=options)
+        reader.load_state_dict(every_rank(cursors))
+        readers.append(reader)
+    return readers
+
+
+def channel(root: Path, follow: bool) -> list[int]:
+    w = Writer(root, "c", buckets=6)
+    written: list[int] = []
+    for sizes in ([210, 90, 333, 41, 7, 120], [17], [400, 400, 12, 7], [64, 65, 3]):
+        written += w.commit(sizes)
+    if follow:
+        w.channel.close()
+    return written
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["finite", "following"])
+@pytest.mark.parametrize(("old", "new"), [(2, 1), (1, 3), (3, 2)])
+def test_an_epoch_stopped_by_n_ranks_is_finished_by_m_ranks_every_row_once(
+    tmp_path: Path, old: int, new: int, follow: bool
+) -> None:
+    written = channel(tmp_path, follow)
+    options = ReadOptions(batch_size=32, window_rows=200, seed=3, follow=follow)
+    read, cursors = stop_world(tmp_path, old, options, [11] * old)
+    readers = resume_world(tmp_path, new, options, cursors)
+    rest = [read_ids(reader) for reader in readers]
+    if not follow:  # a finite epoch's ranks yield as many batches each
+        assert len({len(batches) for batches in rest}) == 1
+    again = [i for batches in rest for batch in batches for i in batch]
+    undelivered = sum(reader.stats.undelivered for reader in readers)
+    assert max(Counter(read + again).values()) == 1, "a row read twice"
+    assert len(read) + len(again) + undelivered == len(written)
+    if not follow:
+        assert sorted(read + again) == written
+    assert read
+    assert again
+    # The next epoch is the new world's own: every row once again.
+    nxt = [i for reader in readers for batch in read_ids(reader) for i in batch]
+    assert len(nxt) + sum(r.stats.undelivered for r in readers) == len(written)
+    assert len(set(nxt)) == len(nxt)
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    worlds=st.sampled_from([(2, 1, 3), (1, 3, 2), (3, 2, 6), (6, 1, 2)]),
+    stops=st.lists(st.integers(0, 60), min_size=6, max_size=6),
+    later=st.lists(st.integers(0, 30), min_size=6, max_size=6),
+)
+def test_a_re_cut_epoch_resumes_on_its_own_world_and_re_cuts_again(
+    tmp_path_factory: pytest.TempPathFactory,
+    worlds: tuple[int, int, int],
+    stops: list[int],
+    later: list[int],
+) -> None:
+    """Ranks stopped at different batches; the resumed world stopped, resumed by itself and
+    by a third world: every row of the epoch once over the three."""
+    root = tmp_path_factory.mktemp("recut")
+    written = channel(root, follow=False)
+    options = ReadOptions(batch_size=32, window_rows=200, seed=5)
+    n, m, k = worlds
+    read, cursors = stop_world(root, n, options, stops)
+    assume(any(c["epoch"] == 0 for c in cursors))  # else the first world read it all
+    readers = resume_world(root, m, options, cursors)
+    middle, recut = [], []
+    for rank, reader in enumerate(readers):
+        middle += [i for batch in first(reader, later[rank]) for i in batch]
+        recut.append(reader.state_dict())
+        # The same world goes on from the cursor exactly as the reader itself does.
+        again = ChannelReader(str(root), "c", world=World(rank, m), options=options)
+        again.load_state_dict(recut[-1])
+        assert read_ids(again) == read_ids(reader)
+    last = [
+        i for reader in resume_world(root, k, options, recut) for b in read_ids(reader) for i in b
+    ]
+    if all(c["epoch"] == 1 for c in recut):  # the second world finished the epoch
+        assert sorted(read + middle) == written
+        assert sorted(last) == written  # the third reads the next one, whole
+    else:
+        assert sorted(read + middle + last) == written
+
+
+def test_cursors_of_another_channel_or_options_are_refused(tmp_path: Path) -> None:
+    channel(tmp_path, follow=False)
+    options = ReadOptions(batch_size=32, window_rows=200, seed=3)
+    _, cursors = stop_world(tmp_path, 2, options, [4, 4])
+    other = ChannelReader(str(tmp_path), "c", options=replace(options, seed=4))
+    with pytest.raises(ConfigError, match="only the number of ranks may change"):
+        other.load_state_dict(every_rank(cursors))
+    ahead = ChannelReader(str(tmp_path), "c", world=World(1, 2), options=options)
+    read_ids(ahead)
+    first(ahead, 2)  # into the next epoch
+    reader = ChannelReader(str(tmp_path), "c", options=options)
+    with pytest.raises(ConfigError, match="rank 1's cursor is in epoch 1, another's in 0"):
+        reader.load_state_dict(every_rank([cursors[0], ahead.state_dict()]))
