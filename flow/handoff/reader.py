@@ -191,11 +191,17 @@ class ChannelReader:
             state["after"], state["before"], tuple(state["counters"]), state["window"], carry
         )
         self._resumed = state.get("resumed")
-        self._rest = None
-        if self._resumed is not None:
-            recut = self._recut(self._resumed["cursors"])
-            assert recut is not None  # a cursor is resumed only from cursors with progress
-            self._rest = recut[1]
+        self._rest = self._rest_of(self._resumed["cursors"]) if self._resumed else None
+
+    def _rest_of(self, cursors: list[dict[str, Any]]) -> Remainder:
+        """What the cursors a re-cut epoch came from left of it (they had read some of it)."""
+        recut = self._recut(cursors)
+        if recut is None:
+            raise ConfigError(
+                "this cursor says its epoch was re-cut from cursors that had read none of it: "
+                "it was not saved by a reader; resume from a checkpoint's cursors"
+            )
+        return recut[1]
 
     def _load_every_rank(self, cursors: list[dict[str, Any]]) -> None:
         """Every rank's cursor of a world: ours if it is this world, else the epoch re-cut."""
@@ -255,11 +261,7 @@ class ChannelReader:
         resumed = started[0].get("resumed") if started else None
         if any(c.get("resumed") != resumed for c in started):
             raise ConfigError("the cursors come from different resumptions of their epoch")
-        base = None
-        if resumed is not None:
-            inner = self._recut(resumed["cursors"])
-            assert inner is not None
-            base = inner[1]
+        base = self._rest_of(resumed["cursors"]) if resumed is not None else None
         options = self.options
         upto = next((c["upto"] for c in started if c["upto"] is not None), None)
         ids = self._epoch_ids(upto)

@@ -7,6 +7,7 @@ for M ranks (and again for K) and count every committed row.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from flow.errors import ConfigError
-from flow.handoff import ChannelReader, ReadOptions, World, every_rank
+from flow.handoff import ChannelReader, MixedReader, ReadOptions, World, every_rank
 from flow.handoff.elastic import (
     OldPlan,
     Remainder,
@@ -383,3 +384,27 @@ def test_cursors_of_another_channel_or_options_are_refused(tmp_path: Path) -> No
     reader = ChannelReader(str(tmp_path), "c", options=options)
     with pytest.raises(ConfigError, match="rank 1's cursor is in epoch 1, another's in 0"):
         reader.load_state_dict(every_rank([cursors[0], ahead.state_dict()]))
+
+
+def test_a_mix_of_channels_resumes_on_another_world_every_row_once(tmp_path: Path) -> None:
+    written = {name: Writer(tmp_path, name, buckets=6) for name in ("a", "b")}
+    written["b"].next_id = 10_000  # ids tell the channels apart
+    ids = written["a"].commit([300, 200, 90]) + written["b"].commit([150, 250, 40, 7])
+    options = ReadOptions(batch_size=16, window_rows=100, seed=2)
+
+    def mix(rank: int, size: int) -> MixedReader:
+        readers = {
+            n: ChannelReader(str(tmp_path), n, world=World(rank, size), options=options)
+            for n in written
+        }
+        return MixedReader(readers, weights={"a": 1.0, "b": 2.0}, seed=2)
+
+    read, cursors = [], []
+    for rank in range(2):
+        old = mix(rank, 2)
+        read += [i for batch in itertools.islice(old, 12) for i in batch.column("id").to_pylist()]
+        cursors.append(old.state_dict())
+    new = mix(0, 1)
+    new.load_state_dict(every_rank(cursors))
+    rest = [i for batch in new for i in batch.column("id").to_pylist()]
+    assert sorted(read + rest) == ids
