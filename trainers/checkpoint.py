@@ -11,6 +11,10 @@ Files are written to a temporary name and renamed: a half-written file is never 
 A checkpoint belongs to its run: ``model.pt`` records the run's settings
 (``TrainConfig.identity``), the channels it read (each one's creation time) and the feature
 layout, and :func:`differences` lists what a run about to resume it does otherwise.
+
+A run with another number of ranks resumes too: each of its ranks loads every old rank's
+cursor (:func:`flow.handoff.every_rank`), and the readers re-cut the epoch in progress so the
+new ranks read exactly the rows the old ones had not (see ``flow.handoff.elastic``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from flow.errors import ConfigError
+from flow.handoff import every_rank
 from flow.storage import location
 
 __all__ = ["Checkpointer", "differences"]
@@ -82,25 +87,36 @@ class Checkpointer:
         return target
 
     def load(self, step: int | None = None) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """(state, this rank's cursor) of ``step`` or the latest; None when there is none."""
+        """(state, this rank's cursor) of ``step`` or the latest; None when there is none.
+
+        Written by another number of ranks, the cursor is :func:`~flow.handoff.every_rank` of
+        all of theirs, which a reader (or a mix of them) loads like its own.
+        """
         step = self.latest() if step is None else step
         if step is None:
             return None
         target = self._step_folder(step)
-        cursor_file = target / f"cursor-{self.rank}.pt"
-        if not cursor_file.exists():
-            raise ConfigError(
-                f"checkpoint {target} has no cursor for rank {self.rank}: it was written by a "
-                "different number of ranks; restart with the same world size"
-            )
-        cursor = torch.load(cursor_file, weights_only=False)
-        if cursor["world_size"] != self.world_size:
-            raise ConfigError(
-                f"checkpoint {target} was written by {cursor['world_size']} ranks, this run has "
-                f"{self.world_size}: the reader cursor of each rank only fits the same world size"
-            )
+        first = self._cursor(target, 0)
+        written_by = int(first["world_size"])
+        if written_by == self.world_size:
+            cursor = first if self.rank == 0 else self._cursor(target, self.rank)
+            mine: dict[str, Any] = cursor["cursor"]
+        else:
+            ranks = [first] + [self._cursor(target, r) for r in range(1, written_by)]
+            mine = every_rank([c["cursor"] for c in ranks])
         state = torch.load(target / "model.pt", weights_only=False, map_location="cpu")
-        return state, cursor["cursor"]
+        return state, mine
+
+    @staticmethod
+    def _cursor(target: Path, rank: int) -> dict[str, Any]:
+        path = target / f"cursor-{rank}.pt"
+        if not path.exists():
+            raise ConfigError(
+                f"checkpoint {target} has no cursor for rank {rank} (every rank writes one "
+                "before a checkpoint is marked the latest): resume from another step"
+            )
+        cursor: dict[str, Any] = torch.load(path, weights_only=False)
+        return cursor
 
     def _prune(self) -> None:
         steps = sorted(self.folder.glob("step-*"))

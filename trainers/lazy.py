@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from flow.errors import ConfigError
 from flow.handoff import Channel, ChannelReader, ReadOptions, WindowSlice, World
+from flow.handoff.reader import EVERY_RANK
 
 __all__ = ["LazyReader"]
 
@@ -80,7 +81,8 @@ class LazyReader:
         return self._pending if self._pending is not None else {_UNOPENED: True}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get(_UNOPENED):
+        ranks = state.get(EVERY_RANK)
+        if state.get(_UNOPENED) or (ranks and all(r.get(_UNOPENED) for r in ranks)):
             return
         if self.reader is not None:
             self.reader.load_state_dict(state)

@@ -13,7 +13,7 @@ from flow.handoff.channel import Channel, ConsumerPosition, list_channels
 from flow.handoff.format import ChannelMeta, Commit, ShardInfo, WriterHead
 from flow.handoff.mix import MixedReader
 from flow.handoff.plan import World
-from flow.handoff.reader import ChannelReader, ReadOptions, ReadStats
+from flow.handoff.reader import ChannelReader, ReadOptions, ReadStats, every_rank
 from flow.handoff.sequence import MissingCommit
 from flow.handoff.slices import WindowRows, WindowSlice
 from flow.handoff.verify import Problem, VerifyReport
@@ -35,5 +35,6 @@ __all__ = [
     "WindowSlice",
     "World",
     "WriterHead",
+    "every_rank",
     "list_channels",
 ]

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from flow.errors import ConfigError
+from flow.handoff.reader import EVERY_RANK, every_rank
 from flow.handoff.slices import WindowSlice
 
 __all__ = ["BatchSource", "MixedReader"]
@@ -77,6 +78,19 @@ class MixedReader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after a cursor of this mix, or every rank's (:func:`every_rank`) of a
+        world of another size: each channel's epoch is then re-cut, and the draws go on."""
+        if EVERY_RANK in state:
+            cursors = state[EVERY_RANK]
+            # Ranks draw in step: they agree on the mix, and differ only in their channels'.
+            mixes = {repr({k: c[k] for k in ("epoch", "draws", "exhausted")}) for c in cursors}
+            if len(mixes) > 1:
+                raise ConfigError(
+                    "the ranks' cursors disagree on the mix's draws: resume from every rank's "
+                    "cursor of one checkpoint"
+                )
+            channels = {n: every_rank([c["readers"][n] for c in cursors]) for n in self.readers}
+            state = {**cursors[0], "readers": channels}
         if set(state["readers"]) != set(self.readers):
             raise ConfigError(
                 f"this cursor mixes {sorted(state['readers'])}, not {sorted(self.readers)}"

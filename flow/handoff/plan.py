@@ -34,6 +34,7 @@ from flow.errors import ConfigError
 
 __all__ = [
     "BatchPlan",
+    "Piece",
     "RankPlanner",
     "RowTracker",
     "ShardRef",
@@ -41,8 +42,10 @@ __all__ = [
     "Window",
     "World",
     "assign",
+    "assign_pieces",
     "batch_sizes",
     "rank_totals",
+    "span_refs",
 ]
 
 
@@ -154,6 +157,14 @@ def targets(rows: int, before: Sequence[int]) -> list[int]:
     return [base + (1 if r in lucky else 0) for r in range(world_size)]
 
 
+@dataclass(frozen=True)
+class Piece:
+    """Rows of a shard to share out, with the shard's bucket (which decides their owner)."""
+
+    bucket: int
+    span: Span
+
+
 def assign(
     shards: Sequence[ShardRef],
     world_size: int,
@@ -166,16 +177,28 @@ def assign(
 
     ``before`` are the ranks' totals over the earlier commits (:func:`rank_totals`).
     """
-    owned: list[list[ShardRef]] = [[] for _ in range(world_size)]
-    for shard in shards:
-        owned[shard.bucket % world_size].append(shard)
+    pieces = [Piece(s.bucket, Span(s.commit, s.index, 0, s.rows)) for s in shards]
+    return assign_pieces(pieces, world_size, before=before, seed=seed, epoch=epoch)
+
+
+def assign_pieces(
+    pieces: Sequence[Piece],
+    world_size: int,
+    *,
+    before: Sequence[int],
+    seed: int,
+    epoch: int,
+) -> list[list[Span]]:
+    """:func:`assign` for parts of a commit's shards (all of one commit): what a resumed
+    epoch shares out (:mod:`flow.handoff.elastic`). Whole shards give :func:`assign`'s plan."""
+    owned: list[list[Piece]] = [[] for _ in range(world_size)]
+    for piece in pieces:
+        owned[piece.bucket % world_size].append(piece)
     sequences: list[list[Span]] = []
     for owner, mine in enumerate(owned):
-        commit = mine[0].commit if mine else 0
+        commit = mine[0].span.commit if mine else 0
         order = np.random.default_rng([seed, epoch, commit, owner]).permutation(len(mine))
-        sequences.append(
-            [Span(mine[i].commit, mine[i].index, 0, mine[i].rows) for i in order if mine[i].rows]
-        )
+        sequences.append([mine[i].span for i in order if mine[i].span.rows])
     counts = [sum(s.rows for s in seq) for seq in sequences]
     wanted = targets(sum(counts), before)
     kept: list[list[Span]] = []
@@ -357,9 +380,37 @@ class RankPlanner:
             self._carry = 0
             yield window, [batch]
 
+    def drain(self) -> Iterator[tuple[Window, list[BatchPlan]]]:
+        """The carried rows alone, as a window cut into the batches they fill.
+
+        How a re-cut epoch's rank begins (:mod:`flow.handoff.elastic`): it starts with rows
+        carried, maybe more than a window's, and maybe no span of its own to mix them with.
+        Windows leave fewer rows than a batch after it, as in any epoch.
+        """
+        if self._carry and self._next_size() is not None:
+            seed = (self.seed, self.epoch, self.rank, self._windows)
+            window = Window(self._windows, self._carry, (), seed, self.shuffle)
+            self._windows += 1
+            yield window, self._cut(window)
+
     @property
     def undelivered(self) -> int:
         return self._carry
+
+
+def span_refs(spans: Sequence[Span]) -> np.ndarray:
+    """References ``(commit, shard index, row)`` of every row of ``spans``, in order."""
+    parts = [
+        np.column_stack(
+            [
+                np.full(s.rows, s.commit, dtype=np.int64),
+                np.full(s.rows, s.index, dtype=np.int64),
+                np.arange(s.start, s.stop, dtype=np.int64),
+            ]
+        )
+        for s in spans
+    ]
+    return np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
 
 
 class RowTracker:
@@ -371,25 +422,11 @@ class RowTracker:
     def __init__(self) -> None:
         self.carry = np.empty((0, 3), dtype=np.int64)
 
-    @staticmethod
-    def _span_refs(spans: Sequence[Span]) -> np.ndarray:
-        parts = [
-            np.column_stack(
-                [
-                    np.full(s.rows, s.commit, dtype=np.int64),
-                    np.full(s.rows, s.index, dtype=np.int64),
-                    np.arange(s.start, s.stop, dtype=np.int64),
-                ]
-            )
-            for s in spans
-        ]
-        return np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
-
     def window(self, window: Window, batches: Sequence[BatchPlan]) -> list[np.ndarray]:
         """Each batch's row references; what the window leaves is carried on."""
         if len(self.carry) != window.carry:
             raise RuntimeError(f"window {window.ident} expects {window.carry} carried rows")
-        refs = np.concatenate([self.carry, self._span_refs(window.spans)])
+        refs = np.concatenate([self.carry, span_refs(window.spans)])
         ordered = refs[window.permutation()]
         out = [ordered[b.start : b.stop] for b in batches]
         self.carry = ordered[batches[-1].stop :] if batches else ordered

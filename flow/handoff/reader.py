@@ -9,13 +9,17 @@ rank's row totals before it, the planner's counters when that commit began, and 
 of the rows carried into the window (fewer than a batch and a row). Resuming costs the span
 arithmetic of one commit and one window's permutation, however long the channel, and never
 needs commits that retention has already deleted.
+
+Every rank's cursor together (:func:`every_rank`) resumes on another number of ranks: the epoch
+in progress is re-cut (:mod:`flow.handoff.elastic`) so the new ranks read exactly the rows the
+old ones had not, and a cursor of the re-cut epoch keeps the old cursors it came from.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -24,6 +28,7 @@ import pyarrow as pa
 
 from flow.errors import CommitCorruptError, ConfigError
 from flow.handoff.channel import Channel, ConsumerPosition
+from flow.handoff.elastic import OldPlan, Remainder, Stop, remainder, rows_of, share, start
 from flow.handoff.format import Commit
 from flow.handoff.materialize import NO_REFS, Materializer
 from flow.handoff.options import ReadOptions, ReadStats
@@ -34,16 +39,25 @@ from flow.handoff.plan import (
     Span,
     Window,
     World,
-    assign,
     batch_sizes,
     check_world,
-    rank_totals,
     targets,
 )
 from flow.handoff.sequence import MissingCommit
 from flow.handoff.slices import WindowSlice
 
-__all__ = ["ChannelReader", "ReadOptions", "ReadStats"]
+__all__ = ["ChannelReader", "ReadOptions", "ReadStats", "every_rank"]
+
+EVERY_RANK = "every_rank"
+
+
+def every_rank(cursors: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The cursors of every rank of a world (rank order), as one cursor to load.
+
+    A reader of the same world loads its own rank's; a reader of another world size re-cuts
+    the epoch in progress so that its ranks read exactly what the old ranks had not.
+    """
+    return {EVERY_RANK: list(cursors)}
 
 
 class _Rows(Protocol):
@@ -114,6 +128,10 @@ class ChannelReader:
         self._upto: int | None = None
         self._totals: list[int] | None = None
         self._mark = _Mark(after=self.options.after_commit)
+        self._rest: Remainder | None = None
+        """What this epoch reads when it was re-cut from another world's cursors, else None."""
+        self._resumed: dict[str, Any] | None = None
+        """Those cursors (``resumed`` in this reader's cursor)."""
         self._recorded = 0.0
         self._carried: tuple[np.ndarray, list[list[int]]] | None = None
 
@@ -134,7 +152,8 @@ class ChannelReader:
 
     def state_dict(self) -> dict[str, Any]:
         mark = self._mark
-        return {
+        resumed = {"resumed": self._resumed} if self._resumed is not None else {}
+        return resumed | {
             "config": self._config(),
             "epoch": self.epoch,
             "position": self.position,
@@ -156,6 +175,10 @@ class ChannelReader:
         return self._carried[1]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after a cursor of this reader's world, or of :func:`every_rank`."""
+        if EVERY_RANK in state:
+            self._load_every_rank(state[EVERY_RANK])
+            return
         if state["config"] != self._config():
             raise ConfigError(
                 f"this cursor was saved by a reader with {state['config']}, not {self._config()}; "
@@ -167,12 +190,127 @@ class ChannelReader:
         self._mark = _Mark(
             state["after"], state["before"], tuple(state["counters"]), state["window"], carry
         )
+        self._resumed = state.get("resumed")
+        self._rest = self._rest_of(self._resumed["cursors"]) if self._resumed else None
+
+    def _rest_of(self, cursors: list[dict[str, Any]]) -> Remainder:
+        """What the cursors a re-cut epoch came from left of it (they had read some of it)."""
+        recut = self._recut(cursors)
+        if recut is None:
+            raise ConfigError(
+                "this cursor says its epoch was re-cut from cursors that had read none of it: "
+                "it was not saved by a reader; resume from a checkpoint's cursors"
+            )
+        return recut[1]
+
+    def _load_every_rank(self, cursors: list[dict[str, Any]]) -> None:
+        """Every rank's cursor of a world: ours if it is this world, else the epoch re-cut."""
+        size = _world_of(cursors[0])[1] if cursors else 0
+        if size == self.world.world_size:
+            self.load_state_dict(cursors[self.world.rank])
+            return
+        recut = self._recut(cursors)
+        if recut is None:  # at an epoch's start: nothing to re-cut
+            self.set_epoch(max(c["epoch"] for c in cursors))
+            return
+        epoch, rest, upto, after = recut
+        self.set_epoch(epoch)
+        self._rest, self._resumed = rest, {"cursors": list(cursors)}
+        before, carries = start(rest, self.world.world_size)
+        if not self.options.follow:
+            self._upto = upto
+            self._totals = self._plan_totals(self._epoch_ids(upto), rest, self.world.world_size)
+        mine = carries[self.world.rank]
+        self._mark = _Mark(after, before, (0, 0, len(mine)), 0, mine)
+
+    def _recut(
+        self, cursors: list[dict[str, Any]]
+    ) -> tuple[int, Remainder, int | None, int] | None:
+        """What another world's ``cursors`` left of their epoch: (epoch, rest, the epoch's last
+        commit, the commit before the first one with rows left); None at an epoch's start.
+
+        Ranks stop in step (a trainer checkpoints them at one step), so their cursors are in
+        one epoch, or a rank that finished it stands at the next one's start.
+        """
+        size = len(cursors)
+        for rank, cursor in enumerate(cursors):
+            wanted = self._config() | {"world": [rank, size]}
+            if "config" not in cursor or cursor["config"] != wanted:
+                raise ConfigError(
+                    f"cursor {rank} of {size} was saved by a reader with "
+                    f"{cursor.get('config')}, not {wanted}: resume from every rank's cursor of "
+                    "one checkpoint, with the same channel and read options (only the number of "
+                    "ranks may change)"
+                )
+        epoch = min(c["epoch"] for c in cursors)
+        fresh = [self._fresh(c) for c in cursors]
+        stops: list[Stop] = []
+        for rank, cursor in enumerate(cursors):
+            if cursor["epoch"] == epoch:
+                stops.append(_stop(cursor))
+            elif cursor["epoch"] == epoch + 1 and fresh[rank]:
+                stops.append(replace(_stop(cursor), done=True))
+            else:
+                raise ConfigError(
+                    f"rank {rank}'s cursor is in epoch {cursor['epoch']}, another's in {epoch}: "
+                    "resume from every rank's cursor of one checkpoint"
+                )
+        if all(s.done for s in stops) or (all(fresh) and not any(s.done for s in stops)):
+            return None
+        started = [c for c in cursors if c["epoch"] == epoch and not self._fresh(c)]
+        resumed = started[0].get("resumed") if started else None
+        if any(c.get("resumed") != resumed for c in started):
+            raise ConfigError("the cursors come from different resumptions of their epoch")
+        base = self._rest_of(resumed["cursors"]) if resumed is not None else None
+        options = self.options
+        upto = next((c["upto"] for c in started if c["upto"] is not None), None)
+        ids = self._epoch_ids(upto)
+        totals = next((c["totals"] for c in started if c["totals"] is not None), None)
+        if not options.follow and totals is None:  # no rank began it: as it begins now
+            upto = ids[-1] if ids else options.after_commit
+            totals = self._plan_totals(ids, base, size)
+        plan = OldPlan(
+            size,
+            options.batch_size,
+            options.window,
+            options.seed,
+            epoch,
+            options.shuffle,
+            None if options.follow else totals,
+            base,
+        )
+        rest = remainder(plan, stops, ids, lambda b: self._refs(self.channel.commit(b)))
+        after = min((s.after for s in stops if not s.done), default=options.after_commit)
+        return epoch, rest, upto, after
+
+    def _fresh(self, cursor: dict[str, Any]) -> bool:
+        """At its epoch's start, nothing read (a resumed epoch's start has rows carried)."""
+        return (
+            cursor["position"] == 0
+            and cursor["after"] == self.options.after_commit
+            and "resumed" not in cursor
+            and not cursor["carry"]
+        )
+
+    def _epoch_ids(self, upto: int | None) -> list[int]:
+        ids = [b for b in self.channel.commit_ids() if b > self.options.after_commit]
+        return ids if upto is None else [b for b in ids if b <= upto]
+
+    def _plan_totals(self, ids: list[int], rest: Remainder | None, size: int) -> list[int]:
+        """Every rank's rows, in a world of ``size``, over the epoch's commits ``ids`` (of what
+        is left of them, re-cut): its batch sizes follow."""
+        totals = start(rest, size)[0]
+        for batch_id in ids:
+            rows = rows_of(rest, batch_id, self._refs(self.channel.commit(batch_id)))
+            totals = [t + s for t, s in zip(totals, targets(rows, totals), strict=True)]
+        return totals
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning."""
         self.epoch, self.position = epoch, 0
         self._upto = self._totals = None
         self._mark = _Mark(after=self.options.after_commit)
+        self._rest = self._resumed = None
 
     # -- iteration --------------------------------------------------------------------------
 
@@ -205,10 +343,9 @@ class ChannelReader:
         """Fix a finite epoch's commits and every rank's totals over them."""
         if self.options.follow or self._upto is not None:
             return
-        ids = [b for b in self.channel.commit_ids() if b > self.options.after_commit]
+        ids = self._epoch_ids(None)
         self._upto = ids[-1] if ids else self.options.after_commit
-        commits = [self._refs(self.channel.commit(b)) for b in ids]
-        self._totals = rank_totals(commits, self.world.world_size)
+        self._totals = self._plan_totals(ids, self._rest, self.world.world_size)
 
     def _next_commits(self, after: int) -> list[int]:
         ids = [b for b in self.channel.commit_ids() if b > after]
@@ -297,7 +434,8 @@ class _EpochWalk(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         reader = self.reader
-        reader._record(self.after, force=True)
+        # Not past the carried rows' commits: a re-cut epoch starts with rows of older ones.
+        reader._record(_read_upto(self.after, self.start.carry), force=True)
         try:
             yield from self._commits()
         finally:
@@ -309,6 +447,9 @@ class _EpochWalk(Generic[T]):
     def _commits(self) -> Iterator[T]:
         """Every commit of the epoch; following, as they land, until the channel closes."""
         reader, options = self.reader, self.reader.options
+        if reader._rest is not None and self.start.counters[0] == 0:
+            # A re-cut epoch's window 0: the rows its ranks start with (flow.handoff.elastic).
+            yield from self._windows(self.planner.drain())
         waited = 0.0
         while True:
             ids, gap = self._ready(reader._next_commits(self.after))
@@ -394,7 +535,10 @@ class _EpochWalk(Generic[T]):
             self.after, list(self.before), counters, counters[0], materializer.carry_refs
         )
         spans = planned[1] if planned else self._spans(commit)
-        share = targets(commit.rows, self.before)
+        # The rows read, not the commit's: with a bucket subset (or a re-cut epoch) they
+        # differ, and the shares must be those the epoch's totals were computed with.
+        rows = rows_of(reader._rest, commit.batch_id, reader._refs(commit))
+        share = targets(rows, self.before)
         self.before = [b + s for b, s in zip(self.before, share, strict=True)]
         if upcoming is not None:
             # Without this, the next commit's first shards were decoded only once its first
@@ -404,9 +548,7 @@ class _EpochWalk(Generic[T]):
         yield from self._windows(self.planner.add(spans))
         self.after = batch_id
         self.last_read[commit.writer] = batch_id
-        carried = materializer.carry_refs
-        oldest = int(carried[:, 0].min()) if len(carried) else None
-        reader._record(self.after if oldest is None else min(self.after, oldest - 1))
+        reader._record(_read_upto(self.after, materializer.carry_refs))
 
     def _take(self, batch_id: int) -> Commit:
         loaded = self.loaded.pop(batch_id, None)
@@ -416,7 +558,9 @@ class _EpochWalk(Generic[T]):
         """This rank's spans of ``commit`` (after the rows ``before`` it), told to the
         materializer so it opens their shards."""
         reader = self.reader
-        spans = assign(
+        spans = share(
+            reader._rest,
+            commit.batch_id,
             reader._refs(commit),
             reader.world.world_size,
             before=self.before,
@@ -444,3 +588,27 @@ class _EpochWalk(Generic[T]):
                 reader.stats.batches += 1
                 reader.stats.rows += batch.num_rows
                 yield batch
+
+
+def _world_of(cursor: dict[str, Any]) -> list[int]:
+    if "config" not in cursor:
+        raise ConfigError(f"not a channel reader's cursor (keys {sorted(cursor)})")
+    world: list[int] = cursor["config"]["world"]
+    return world
+
+
+def _stop(cursor: dict[str, Any]) -> Stop:
+    return Stop(
+        cursor["after"],
+        cursor["before"],
+        tuple(cursor["counters"]),
+        cursor["window"],
+        np.asarray(cursor["carry"], dtype=np.int64).reshape(-1, 3),
+        cursor["position"],
+    )
+
+
+def _read_upto(after: int, carried: np.ndarray) -> int:
+    """The commit up to which everything was read: ``after``, unless rows carried on (to be
+    read yet) come from it or one before it."""
+    return min(after, int(carried[:, 0].min()) - 1) if len(carried) else after

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -13,15 +14,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from flow.errors import ConfigError
-from flow.handoff import Channel
+from flow.handoff import Channel, World
 from flow.training import ModelConfig, OptimConfig, TrainConfig
 from tests.support import REPO
 from tests.trainers.channels import write, write_delayed
 from trainers import lazy
 from trainers import train as train_module
+from trainers.checkpoint import Checkpointer
+from trainers.inputs import columns_of, layout_of, reader_for
+from trainers.loader import DeviceLoader
 from trainers.result import TrainResult
+from trainers.session import OPTIONAL_COLUMNS, fingerprints
 from trainers.train import train
 
 
@@ -120,6 +126,33 @@ def test_a_channel_written_again_is_not_resumed_from_its_old_cursor(tmp_path: Pa
     write(tmp_path, "train", [1000], seed=3)
     with pytest.raises(ConfigError, match="channel train: written again"):
         train(config(tmp_path), say=lambda _: None)
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_one_with_every_row_once(tmp_path: Path) -> None:
+    """Two ranks stopped at step 8 (their batches taken by the trainer's own reader and loader,
+    their cursors saved as its checkpointer does); one rank finishes the epoch."""
+    write(tmp_path, "train", [3000, 2000])
+    whole = tmp_path / "whole"
+    train(config(tmp_path, audit_dir=whole, checkpoint_dir=tmp_path / "a"), say=lambda _: None)
+    expected = audit(whole)  # one epoch: every row once
+    checkpoints = tmp_path / "b"
+    cfg = config(tmp_path, checkpoint_dir=checkpoints, max_steps=8)
+    train(cfg, say=lambda _: None)  # a model and an optimizer as a checkpoint holds them
+    state = torch.load(checkpoints / "step-000000000008" / "model.pt", weights_only=False)
+    columns = columns_of(layout_of(cfg))
+    read = []
+    for rank in range(2):
+        reader = reader_for(cfg, World(rank, 2), cfg.channels, train=True)
+        loader = DeviceLoader(reader, torch.device("cpu"), columns, optional=OPTIONAL_COLUMNS)
+        batches = list(itertools.islice(loader, 8))
+        read += [fingerprints(b.tensors) for b in batches]
+        Checkpointer(checkpoints, rank, world_size=2).save(8, state, batches[-1].cursor)
+    second = tmp_path / "second"
+    result = train(config(tmp_path, audit_dir=second, checkpoint_dir=checkpoints), say=print)
+    assert result.resumed_from == 8
+    trained = np.concatenate([*read, audit(second)])
+    assert len(set(trained.tolist())) == len(trained), "a row trained on twice"
+    assert np.array_equal(np.sort(trained), np.sort(expected))  # and none skipped
 
 
 def test_a_channel_without_a_layout_is_refused_with_the_reason(tmp_path: Path) -> None:
