@@ -64,13 +64,25 @@ def _check_columns(df: DataFrame, fields: tuple[Field, ...], table: str) -> None
             f"table {table} has no column(s) {', '.join(missing)}; its columns: "
             f"{', '.join(sorted(actual))}"
         )
+    declarable = {spark: field_type for field_type, spark in SPARK_TYPES.items()}
     for f in fields:
-        wanted = SPARK_TYPES[f.type]
-        if actual[f.name] != wanted:
+        found = actual[f.name]
+        if found == SPARK_TYPES[f.type]:
+            continue
+        if found == "timestamp_ntz" and f.type == "timestamp":
             raise ConfigError(
-                f"table {table}: column {f.name!r} is {actual[f.name]}, declared {f.type}; "
-                "change the Field's type to match the table"
+                f"table {table}: column {f.name!r} is a timestamp without a time zone (Spark's "
+                "timestamp_ntz); Field type 'timestamp' reads UTC timestamps (Iceberg "
+                "timestamptz): write the column as UTC timestamps, e.g. `flow load FILE --table "
+                f"{table} --replace` (docs/own-data.md)"
             )
+        known = declarable.get(found)
+        fix = (
+            f"declare Field({f.name!r}, {known!r})"
+            if known
+            else f"no Field type reads {found}: convert the column"
+        )
+        raise ConfigError(f"table {table}: column {f.name!r} is {found}, declared {f.type}; {fix}")
 
 
 def _event_range(df: DataFrame, source: TableSource) -> DataFrame:

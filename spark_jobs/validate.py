@@ -148,9 +148,15 @@ def time_checks(event_time: Column, source: KafkaSource) -> list[Column]:
     return checks
 
 
+_EPOCH = {"s": F.timestamp_seconds, "ms": F.timestamp_millis, "us": F.timestamp_micros}
+
+
 def _typed(f: Field, raw: Column) -> Column:
     if f.is_array:
         return F.from_json(raw, SPARK_TYPES[f.type])
+    if f.epoch is not None:  # a number in the declared unit, else ISO-8601 text
+        number = raw.try_cast("double" if f.epoch == "s" else "bigint")
+        return F.coalesce(_EPOCH[f.epoch](number), raw.try_cast("timestamp"))
     return raw.try_cast(SPARK_TYPES[f.type])
 
 

@@ -155,6 +155,9 @@ class Field(Definition):
     """Largest allowed value (numeric types)."""
     allowed: tuple[str, ...] | None = None
     """The only values allowed (string type)."""
+    epoch: Literal["s", "ms", "us"] | None = None
+    """A timestamp a Kafka record may give as a number: seconds, milliseconds or microseconds
+    since 1970 (a JSON number or a string of digits). ISO-8601 text is read either way."""
 
     def __post_init__(self) -> None:
         check_identifier(self.name, "Field.name")
@@ -168,6 +171,15 @@ class Field(Definition):
             raise ConfigError(f"Field {self.name!r}: min/max need a numeric type, not {self.type}")
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ConfigError(f"Field {self.name!r}: min={self.min} is above max={self.max}")
+        if self.epoch is not None:
+            if self.epoch not in ("s", "ms", "us"):
+                raise ConfigError(
+                    f"Field {self.name!r}: epoch={self.epoch!r}; use 's', 'ms' or 'us'"
+                )
+            if self.type != "timestamp":
+                raise ConfigError(
+                    f"Field {self.name!r}: epoch needs type timestamp, not {self.type}"
+                )
         if self.allowed is not None:
             if self.type != "string":
                 raise ConfigError(f"Field {self.name!r}: allowed values need type string")

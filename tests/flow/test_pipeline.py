@@ -515,3 +515,11 @@ def test_derived_columns_feed_features_and_are_checked_when_built() -> None:
         Derived("hour", "hour(ts)", type="integer")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="has no expression"):
         Derived("hour", " ")
+
+
+def test_an_epoch_unit_is_for_timestamps_only() -> None:
+    assert Field("ts", "timestamp", epoch="ms").epoch == "ms"
+    with pytest.raises(ConfigError, match="epoch needs type timestamp, not long"):
+        Field("ts", "long", epoch="s")
+    with pytest.raises(ConfigError, match="epoch='seconds'; use 's', 'ms' or 'us'"):
+        Field("ts", "timestamp", epoch="seconds")  # type: ignore[arg-type]

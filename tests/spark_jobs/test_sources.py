@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from flow.config import StackConfig
 from flow.errors import ConfigError
-from flow.pipeline import DeltaSource, Field, IcebergSource
+from flow.pipeline import DeltaSource, Field, IcebergSource, KafkaSource
 from flow.stack.iceberg import open_catalog
 from spark_jobs.sources import read_table
+from spark_jobs.validate import REASON, parse_kafka
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +79,10 @@ def test_declared_columns_are_checked_against_the_table(
     catalog.create_table(name, schema=SCHEMA).append(batch(range(2)))
     with pytest.raises(ConfigError, match=r"has no column\(s\) price; its columns: id, ts"):
         read_table(spark, running_stack, IcebergSource(name, (*FIELDS, Field("price", "double"))))
+    with pytest.raises(
+        ConfigError, match=r"column 'id' is bigint, declared int; declare Field\('id', 'long'\)"
+    ):
+        read_table(spark, running_stack, IcebergSource(name, (Field("id", "int"),)))
     with pytest.raises(ConfigError, match=r"column 'id' is bigint, declared string"):
         read_table(spark, running_stack, IcebergSource(name, (Field("id", "string"),)))
     with pytest.raises(ConfigError, match="does not exist in catalog"):
@@ -92,3 +99,46 @@ def test_delta_tables_read_by_version(spark: SparkSession, running_stack: StackC
     assert ids(spark, running_stack, DeltaSource(path, FIELDS)) == [0, 1, 2, 3]
     assert ids(spark, running_stack, DeltaSource(path, FIELDS, version=0)) == [0, 1]
     assert read_table(spark, running_stack, DeltaSource(path, FIELDS)).version == 1
+
+
+def _kafka_records(spark: SparkSession, values: list[str]) -> DataFrame:
+    """Records as the Kafka source hands them over, with these JSON values."""
+    rows = [(None, v.encode(), "t", 0, i, datetime.now(UTC)) for i, v in enumerate(values)]
+    layout = (
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
+    )
+    return spark.createDataFrame(rows, layout)
+
+
+def test_kafka_times_given_as_epoch_numbers_in_the_declared_unit(spark: SparkSession) -> None:
+    now = datetime.now(UTC).replace(microsecond=0)
+    seconds = int(now.timestamp())
+    values = [
+        json.dumps({"id": 1, "ts": seconds}),
+        json.dumps({"id": 2, "ts": str(seconds)}),
+        json.dumps({"id": 3, "ts": seconds + 0.5}),
+        json.dumps({"id": 4, "ts": now.isoformat()}),  # ISO-8601 still reads
+        json.dumps({"id": 5, "ts": seconds * 1000}),  # milliseconds, read as seconds
+        json.dumps({"id": 6, "ts": "yesterday"}),
+    ]
+    fields = (Field("id", "long", required=True), Field("ts", "timestamp", epoch="s"))
+    parsed = parse_kafka(_kafka_records(spark, values), KafkaSource("t", fields, "ts"), "events")
+    # Year 58864 (row 5) is past what Python's datetime holds: its time is shown, not taken.
+    shown = parsed.withColumn("ts", F.when(F.year("ts") < 9999, F.col("ts")))
+    found = {r["id"]: (r["ts"], r[REASON]) for r in shown.collect()}
+    half = timedelta(seconds=0.5)
+    at = now.replace(tzinfo=None)  # Spark hands back naive times in its session zone, UTC
+    assert [found[i] for i in (1, 2, 3, 4)] == [(at, ""), (at, ""), (at + half, ""), (at, "")]
+    assert found[5][1].startswith("event time in the future")  # ms read as s: year 58864
+    assert found[6][1] == "field 'ts' has value 'yesterday', which is not a timestamp"
+
+    millis = (Field("id", "long"), Field("ts", "timestamp", epoch="ms"))
+    values = [json.dumps({"id": 1, "ts": seconds * 1000 + 250})]
+    parsed = parse_kafka(_kafka_records(spark, values), KafkaSource("t", millis, "ts"), "events")
+    assert [(r["ts"], r[REASON]) for r in parsed.collect()] == [
+        (at + timedelta(milliseconds=250), "")
+    ]
+    plain = (Field("id", "long"), Field("ts", "timestamp"))
+    values = [json.dumps({"id": 1, "ts": seconds})]
+    parsed = parse_kafka(_kafka_records(spark, values), KafkaSource("t", plain, "ts"), "events")
+    assert parsed.first()[REASON] == f"field 'ts' has value '{seconds}', which is not a timestamp"
