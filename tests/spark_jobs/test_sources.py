@@ -141,4 +141,6 @@ def test_kafka_times_given_as_epoch_numbers_in_the_declared_unit(spark: SparkSes
     plain = (Field("id", "long"), Field("ts", "timestamp"))
     values = [json.dumps({"id": 1, "ts": seconds})]
     parsed = parse_kafka(_kafka_records(spark, values), KafkaSource("t", plain, "ts"), "events")
-    assert parsed.collect()[0][REASON] == f"field 'ts' has value '{seconds}', which is not a timestamp"
+    assert (
+        parsed.collect()[0][REASON] == f"field 'ts' has value '{seconds}', which is not a timestamp"
+    )
