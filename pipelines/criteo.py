@@ -3,8 +3,8 @@
 flow import criteo train.txt --table criteo.days --start 2024-01-01T00:00:00Z --rows-per-second 1
 flow run pipelines/criteo.py
 
-The `train` stage fits the features on rows before SPLIT and writes channel `train`; the `test`
-stage featurizes the rows from SPLIT on with that state into channel `test`.
+The `train` stage fits the features on rows before SPLIT and writes channel `train`; the
+`train_holdout` stage featurizes the rows from SPLIT on with that state into channel `test`.
 """
 
 from __future__ import annotations
@@ -49,26 +49,17 @@ def criteo_features() -> FeatureSpec:
 
 
 def criteo(table: str = "criteo.days", split: datetime = SPLIT) -> Pipeline:
-    return Pipeline(
+    whole = Pipeline(
         name="criteo",
         namespace=table.split(".")[0],
-        sources={
-            "before": IcebergSource(table, CRITEO_FIELDS, event_time="ts", end=split),
-            "after": IcebergSource(table, CRITEO_FIELDS, event_time="ts", start=split),
-        },
+        sources={"days": IcebergSource(table, CRITEO_FIELDS, event_time="ts")},
         stages=(
-            BackfillStage(
-                name="train", events="before", features=criteo_features(), channel="train"
-            ),
-            BackfillStage(
-                name="test",
-                events="after",
-                features=criteo_features(),
-                channel="test",
-                fit=False,
-            ),
+            BackfillStage(name="train", events="days", features=criteo_features(), channel="train"),
         ),
     )
+    # One line: stage `train` learns from the rows before `split`; stage `train_holdout` writes
+    # the rows from it on to channel `test`, with the state `train` fitted in the same run.
+    return whole.holdout("train", after=split, channel="test")
 
 
 if __name__ == "__main__":

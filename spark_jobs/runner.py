@@ -138,9 +138,13 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
         "stages": ",".join(s.name for s in chosen),
         "mode": options.mode,
     }
+    fitted: dict[str, str] = {}
+    """Spec fingerprint -> the state a stage of this run fitted: a later stage of the same spec
+    that does not fit (a holdout, a live stage) uses exactly it, never what LATEST is then."""
     with tracker.pipeline_run(pipeline.name, params=params) as parent:
         parent.log_dict(definition, "pipeline.json")
         for stage in chosen:
+            state_version = options.feature_state or fitted.get(stage.features.fingerprint)
             with tracker.stage(stage.name) as run:
                 run.log_params(
                     {
@@ -156,10 +160,12 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
                         incremental(pipeline, stage, options.since_snapshot),
                         stage,
                         stack,
-                        feature_state=options.feature_state,
+                        feature_state=state_version,
                         progress=_say,
                     )
                     _log_state(run, pipeline, stage.features, state)
+                    if stage.fit and state_version is None:
+                        fitted[stage.features.fingerprint] = state.version
                 else:
                     with ResilientRun(run, _say) as batches:
                         report = run_live(
@@ -167,7 +173,7 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
                             pipeline,
                             stage,
                             stack,
-                            options,
+                            dataclasses.replace(options, feature_state=state_version),
                             progress=_say,
                             on_batch=_batch_logger(batches),
                         )

@@ -161,9 +161,17 @@ class StageRun(Generic[S]):
         return states_location(self.stack, self.pipeline.namespace)
 
     def load_state(self, version: str | None) -> FeatureState:
-        """The fitted state ``version`` of the stage's spec (None: the latest)."""
+        """The fitted state ``version`` of the stage's spec (None: the latest), said in one
+        line: which one a stage that does not fit uses is never a guess."""
         state = FeatureState.load(self.states, self.stage.features, version)
         self.report.feature_state = state.version
+        fitted = state.fitted_on
+        chosen = "as named" if version else "LATEST"
+        self.progress(
+            f"{self.stage.name}: feature state {state.version} ({chosen}; fitted "
+            f"{fitted.get('fitted_at', '?')} by stage {fitted.get('stage', '?')!r} of "
+            f"{fitted.get('pipeline', '?')!r})"
+        )
         return state
 
     def ensure_namespace(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Literal, TypeVar, overload
 
 from flow.errors import ConfigError, HandoffError
@@ -384,6 +385,14 @@ class Pipeline(Definition):
                 for s in self.stages
             ),
         )
+
+    def holdout(self, stage: str, *, after: datetime, channel: str = "holdout") -> Pipeline:
+        """A time split: backfill ``stage`` learns from its events before ``after``, and a
+        stage ``<stage>_holdout`` writes those from ``after`` on to ``channel`` with the state
+        ``stage`` fits, to evaluate on (``--eval-channel holdout``); see flow.pipeline.splits."""
+        from flow.pipeline.splits import time_holdout
+
+        return time_holdout(self, stage, after, channel)
 
     @classmethod
     def combine(

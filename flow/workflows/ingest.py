@@ -335,6 +335,12 @@ class Load:
     def close(self) -> None:
         self.input.close()
 
+    def __enter__(self) -> Load:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def write(self, progress: Progress = _quiet) -> LoadReport:
         """Every row into the table, in one transaction (see the module's docstring)."""
         return write_table(self, progress)

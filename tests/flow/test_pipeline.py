@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -523,3 +524,26 @@ def test_an_epoch_unit_is_for_timestamps_only() -> None:
         Field("ts", "long", epoch="s")
     with pytest.raises(ConfigError, match="epoch='seconds'; use 's', 'ms' or 'us'"):
         Field("ts", "timestamp", epoch="seconds")  # type: ignore[arg-type]
+
+
+def test_a_time_split_in_one_line() -> None:
+    at = datetime(2026, 1, 5, tzinfo=UTC)
+    split = ctr_backfill().holdout("backfill", after=at)
+    assert [(s.name, s.channel) for s in split.stages] == [
+        ("backfill", "backfill"),
+        ("backfill_holdout", "holdout"),
+    ]
+    train = split.stage("backfill", BackfillStage)
+    held = split.stage("backfill_holdout", BackfillStage)
+    before, after = split.sources[train.events], split.sources[held.events]
+    assert isinstance(before, IcebergSource)
+    assert isinstance(after, IcebergSource)
+    assert (before.end, after.start, after.table) == (at, at, before.table)
+    assert not held.fit
+    assert (held.features, held.label, held.enrich) == (train.features, train.label, train.enrich)
+    with pytest.raises(ConfigError, match="has no time zone"):
+        ctr_backfill().holdout("backfill", after=datetime(2026, 1, 5))
+    with pytest.raises(ConfigError, match="is a LiveStage"):
+        ctr_streaming().holdout("live", after=at)
+    with pytest.raises(ConfigError, match=r"outside the events' range"):
+        split.holdout("backfill", after=datetime(2026, 2, 1, tzinfo=UTC))
