@@ -163,6 +163,9 @@ class _Environment(BaseSettings):
     """Spark master when not launched by spark-submit (default local[*])"""
     spark_driver_memory: _Memory = "2g"
     """driver memory of local Spark sessions (default 2g)"""
+    spark_cds: _Flag = True
+    """1 (default): Spark drivers map a class archive the first job made (seconds off each
+    start); 0: never"""
     # Read where errors are reported (flow.console), not here: it must work when the other
     # settings are what is wrong. Declared so that it is a known variable.
     debug: _Flag = False
@@ -319,6 +322,8 @@ class SparkConfig:
     """Master URL when the job is not launched by spark-submit (which brings its own)."""
     driver_memory: str = "2g"
     """Driver memory for sessions this project launches."""
+    cds: bool = True
+    """Drivers started by ``flow submit`` map a class-data-sharing archive (spark_jobs.cds)."""
 
 
 @dataclass(frozen=True)
@@ -410,7 +415,9 @@ class StackConfig:
         )
 
         spark = SparkConfig(
-            master=settings.spark_master, driver_memory=settings.spark_driver_memory
+            master=settings.spark_master,
+            driver_memory=settings.spark_driver_memory,
+            cds=settings.spark_cds,
         )
         ports = [kafka.port, kafka.controller_port] if kafka.managed else []
         if mlflow.managed:

@@ -12,7 +12,7 @@ how one is found), so it sits below the pipeline model in the layers and imports
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -78,6 +78,8 @@ class Launch:
     private_files: tuple[Path, ...] = ()
     """Files only this user can read that hold the command's secrets (:mod:`flow.secrets`);
     whoever runs the command deletes them when it ends."""
+    on_exit: tuple[Callable[[int], None], ...] = ()
+    """What whoever runs the command calls with its exit code when it ends."""
 
 
 @runtime_checkable

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from flow.engine import Launch
 from flow.errors import ConfigError, DependencyMissingError
 from flow.secrets import is_secret, new_private_file, rewrite_private_file
 from flow.stack.jars import pyspark_jars_dir
+from spark_jobs.cds import archive_options
 from spark_jobs.conf import is_local_master, stack_conf
 from spark_jobs.session import stack_jars
 
@@ -227,9 +228,25 @@ def submit_command(argv: Sequence[str], stack: StackConfig) -> Launch:
         user += ["--properties-file", str(private[0])]
         if not users_file and args.value("--load-spark-defaults") is None:
             user.append("--load-spark-defaults")
+    on_exit: tuple[Callable[[int], None], ...] = ()
+    java_options = "spark.driver.extraJavaOptions="
+    here = args.value("--deploy-mode") != "cluster"  # the driver runs on this machine
+    if stack.spark.cds and here and any(o.startswith(java_options) for o in ours):
+        ours, finish = _with_class_archive(ours, stack)
+        on_exit = (finish,) if finish else ()
     head = [] if args.value("--master") else ["--master", master]
     argv_out = [spark_submit_executable(), *head, *ours, *user, args.app, *args.app_args]
-    return Launch(argv_out, launch_env(master), private)
+    return Launch(argv_out, launch_env(master), private, on_exit)
+
+
+def _with_class_archive(
+    options: list[str], stack: StackConfig
+) -> tuple[list[str], Callable[[int], None] | None]:
+    """``options`` with the driver's Java options mapping (or making) a class archive."""
+    jars = options[options.index("--jars") + 1].split(",")
+    java, finish = archive_options(stack.home, jars)
+    key = "spark.driver.extraJavaOptions="
+    return [f"{o} {java}" if o.startswith(key) else o for o in options], finish
 
 
 def launch_env(master: str) -> dict[str, str]:

@@ -262,3 +262,40 @@ def test_flow_submit_prints_no_secret_and_removes_the_file_after_the_job(
     assert "spark-submit" in printed
     assert "s3cr3t" not in printed
     assert not Path(_pairs(seen[0], "--properties-file")[0]).exists()
+
+
+def _java_options(argv: list[str]) -> str:
+    found = [c for c in _pairs(argv, "--conf") if c.startswith("spark.driver.extraJavaOptions=")]
+    return found[0] if found else ""
+
+
+def test_a_driver_maps_the_class_archive_the_first_job_made(
+    stack: StackConfig, app: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = submit.submit_command([app], stack)
+    options = _java_options(first.argv)
+    assert "-Dlog4j2.configurationFile=" in options  # ours are kept
+    made = Path(options.split("-XX:ArchiveClassesAtExit=")[1].split()[0])
+    assert made.parent == stack.home / "jvm"
+    made.write_bytes(b"classes")  # what the driver's JVM writes as it exits
+    monkeypatch.setattr(subprocess, "call", lambda argv, env: 0)
+    (finish,) = first.on_exit
+    finish(0)
+    (archive,) = (stack.home / "jvm").glob("*.jsa")
+    assert not made.exists()
+    later = submit.submit_command([app], stack)
+    assert f"-XX:SharedArchiveFile={archive}" in _java_options(later.argv)
+    assert later.on_exit == ()
+    other_jars = submit.submit_command(["--jars", "/opt/udf.jar", app], stack)
+    assert "-XX:ArchiveClassesAtExit=" in _java_options(other_jars.argv)  # an archive of its own
+    own = submit.submit_command(["--conf", "spark.driver.extraJavaOptions=-Dx=1", app], stack)
+    assert _java_options(own.argv) == "spark.driver.extraJavaOptions=-Dx=1"  # theirs, untouched
+    off = StackConfig.from_env({"FLOW_HOME": str(stack.home), "FLOW_SPARK_CDS": "0"})
+    assert "-XX:" not in _java_options(submit.submit_command([app], off).argv)
+
+
+def test_a_job_that_wrote_no_archive_leaves_none(stack: StackConfig, app: str) -> None:
+    launch = submit.submit_command([app], stack)
+    (finish,) = launch.on_exit
+    finish(137)  # killed before its JVM could write the archive
+    assert list((stack.home / "jvm").iterdir()) == []
