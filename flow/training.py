@@ -141,14 +141,18 @@ class ModelConfig:
 class OptimConfig:
     """How to optimize a CTR model: its embedding tables and its dense layers."""
 
-    embedding: Annotated[OptimizerKind, _alias("--embedding-optimizer")] = "adam"
-    """Optimizer of the embedding tables: ``adam``, ``adagrad`` or ``sgd``."""
+    embedding: Annotated[OptimizerKind, _alias("--embedding-optimizer")] = "adagrad"
+    """Optimizer of the embedding tables: ``adam``, ``adagrad`` or ``sgd``. Adagrad by default:
+    a row's step shrinks with its own gradients only, so a rare id still moves when it comes,
+    while Adam at the dense layers' rate moves every row by about the same small amount per
+    step (measured in docs/trainers.md, "Models against baselines")."""
     dense: Annotated[OptimizerKind, _alias("--optimizer")] = "adam"
     """Optimizer of every other parameter (MLPs, dense projections, biases)."""
     lr: Annotated[float, _alias("--lr")] = 1e-3
     """Learning rate of the dense parameters, and of the tables unless ``embedding_lr`` is set."""
-    embedding_lr: Annotated[float | None, _alias("--embedding-lr")] = None
-    """Learning rate of the embedding tables; None uses ``lr``."""
+    embedding_lr: Annotated[float | None, _alias("--embedding-lr")] = 0.05
+    """Learning rate of the embedding tables; None uses ``lr``. The default suits Adagrad (with
+    ``--embedding-optimizer adam``, give about 1e-3 or None)."""
     weight_decay: float = 0.0
     """L2 penalty added to the gradients of both groups (torch's ``weight_decay``)."""
     embedding_weight_decay: float | None = None
