@@ -235,7 +235,12 @@ def main() -> None:
     truth = oracle(args.test)
     positive = float(train_rows["label"].mean())
     out.print(f"  positive rate {positive:.3f}; oracle AUC {truth['auc']:.4f}")
-    base = OptimConfig(lr=args.lr, embedding_lr=args.embedding_lr, embedding_weight_decay=args.l2)
+    base = OptimConfig(
+        embedding="adam",  # the paper's optimizer for both groups (the trainer's default: Adagrad)
+        lr=args.lr,
+        embedding_lr=args.embedding_lr,
+        embedding_weight_decay=args.l2,
+    )
     chosen = runs(base, args.small, args.large)
     if args.only:
         wanted = set(args.only.split(","))

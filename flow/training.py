@@ -41,6 +41,7 @@ from flow.storage import namespace_locations
 __all__ = [
     "MODEL_NAMES",
     "DelayedFeedback",
+    "EarlyStopOn",
     "ModelConfig",
     "ModelName",
     "OptimConfig",
@@ -50,10 +51,12 @@ __all__ = [
     "save_config",
 ]
 
-ModelName = Literal["deepfm", "dlrm", "wide_deep"]
-"""The CTR architectures the trainer builds (the only place they are named)."""
+ModelName = Literal["deepfm", "dlrm", "wide_deep", "logistic", "popularity"]
+"""The CTR models the trainer builds (the only place they are named): three deep architectures
+and two baselines measured by the same loop on the same rows (``trainers.baselines``)."""
 MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
 OptimizerKind = Literal["adam", "adagrad", "sgd"]
+EarlyStopOn = Literal["auc", "logloss"]
 ShuffleOn = Literal["auto", "host", "device"]
 DelayedFeedback = Literal["auto", "fnw", "off"]
 """How the trainer corrects labels that arrive late (see ``TrainConfig.delayed_feedback``)."""
@@ -81,7 +84,9 @@ class ModelConfig:
     """Which CTR model to build and how big."""
 
     name: Annotated[ModelName, _alias("--model")] = "dlrm"
-    """The architecture: ``deepfm``, ``dlrm`` or ``wide_deep``."""
+    """The model: ``deepfm``, ``dlrm`` or ``wide_deep``; or a baseline: ``logistic`` (hashed
+    logistic regression: a weight per id and per dense value) or ``popularity`` (the smoothed
+    click rate of ``field``'s value)."""
     embedding_dim: Annotated[int, _alias("--embedding-dim")] = 16
     """Width of every feature embedding (DLRM's dot-product interaction needs one width)."""
     hidden: Annotated[tuple[int, ...], _alias("--hidden")] = (256, 128)
@@ -93,6 +98,12 @@ class ModelConfig:
     row ``i % max_embedding_rows`` (hashed buckets can be far larger than memory allows)."""
     dropout: float = 0.0
     """Dropout after each hidden layer of the MLPs."""
+    field: str | None = None
+    """``popularity`` only: the sparse feature (a layout name, e.g. ``item_id``) whose values'
+    click rates are the prediction."""
+    smoothing: float = 20.0
+    """``popularity`` only: impressions of the overall click rate added to every value's own,
+    so a value seen a few times predicts close to the average (additive smoothing)."""
 
     def __post_init__(self) -> None:
         if self.name not in MODEL_NAMES:
@@ -112,20 +123,36 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"ModelConfig.dropout is {self.dropout}; give a value in [0, 1)")
+        if self.name == "popularity" and not self.field:
+            raise ConfigError(
+                "ModelConfig.field is not set: the popularity baseline needs the sparse feature "
+                "whose click rates it predicts (--model.field item_id)"
+            )
+        if self.name != "popularity" and self.field is not None:
+            raise ConfigError(
+                f"ModelConfig.field is {self.field!r} but only the popularity model reads it; "
+                f"leave it unset for {self.name}"
+            )
+        if not (math.isfinite(self.smoothing) and self.smoothing > 0):
+            raise ConfigError(f"ModelConfig.smoothing is {self.smoothing}; give a number > 0")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     """How to optimize a CTR model: its embedding tables and its dense layers."""
 
-    embedding: Annotated[OptimizerKind, _alias("--embedding-optimizer")] = "adam"
-    """Optimizer of the embedding tables: ``adam``, ``adagrad`` or ``sgd``."""
+    embedding: Annotated[OptimizerKind, _alias("--embedding-optimizer")] = "adagrad"
+    """Optimizer of the embedding tables: ``adam``, ``adagrad`` or ``sgd``. Adagrad by default:
+    a row's step shrinks with its own gradients only, so a rare id still moves when it comes,
+    while Adam at the dense layers' rate moves every row by about the same small amount per
+    step (measured in docs/trainers.md, "Models against baselines")."""
     dense: Annotated[OptimizerKind, _alias("--optimizer")] = "adam"
     """Optimizer of every other parameter (MLPs, dense projections, biases)."""
     lr: Annotated[float, _alias("--lr")] = 1e-3
     """Learning rate of the dense parameters, and of the tables unless ``embedding_lr`` is set."""
-    embedding_lr: Annotated[float | None, _alias("--embedding-lr")] = None
-    """Learning rate of the embedding tables; None uses ``lr``."""
+    embedding_lr: Annotated[float | None, _alias("--embedding-lr")] = 0.05
+    """Learning rate of the embedding tables; None uses ``lr``. The default suits Adagrad (with
+    ``--embedding-optimizer adam``, give about 1e-3 or None)."""
     weight_decay: float = 0.0
     """L2 penalty added to the gradients of both groups (torch's ``weight_decay``)."""
     embedding_weight_decay: float | None = None
@@ -216,7 +243,17 @@ class TrainConfig:
     """Threads per rank that read, check and decompress shards ahead of use."""
     log_every: int = 50
     eval_every: int | None = None
+    """Evaluate (eval channel or held-out buckets) every this many steps."""
     eval_batches: int | None = None
+    early_stop: int | None = None
+    """Stop when ``early_stop_on`` has not improved for this many evaluations in a row, and
+    report and export the best model seen (its weights are kept in ``best/`` of the checkpoint
+    folder). Evaluations come every ``eval_every`` steps, or at the end of each epoch without
+    it: ``--epochs 20 --early-stop 2`` lets the eval channel choose the number of epochs.
+    Needs ``eval_channel`` or ``holdout_share``."""
+    early_stop_on: EarlyStopOn = "auc"
+    """The evaluation figure early stopping follows: ``auc`` (higher is better) or
+    ``logloss`` (lower is better)."""
     checkpoint_dir: Path | None = None
     """None: a folder of the run's own in the namespace's checkpoints,
     ``trainer/<channels>/<model>-<settings>`` (other settings: another folder). A folder given
@@ -298,7 +335,29 @@ class TrainConfig:
             raise ConfigError(f"--reader-threads {self.reader_threads}: give 1 or more")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
+        self._check_early_stop()
         self._check_metrics_settings()
+
+    def _check_early_stop(self) -> None:
+        if self.early_stop_on not in get_args(EarlyStopOn):
+            raise ConfigError(f"--early-stop-on {self.early_stop_on!r}: use auc or logloss")
+        if self.early_stop is None:
+            return
+        if isinstance(self.early_stop, bool) or self.early_stop < 1:
+            raise ConfigError(
+                f"--early-stop {self.early_stop}: give the evaluations without improvement to "
+                "wait for (1 or more)"
+            )
+        if not self.eval_channel and not self.holdout_share:
+            raise ConfigError(
+                "--early-stop needs held-out rows to judge on: give --eval-channel NAME or "
+                "--holdout-share 0.1"
+            )
+        if self.eval_every is None and self.follow:
+            raise ConfigError(
+                "--early-stop with --follow needs --eval-every STEPS: a followed channel has "
+                "no epochs to evaluate at the end of"
+            )
 
     def _check_metrics_settings(self) -> None:
         if self.delayed_feedback not in get_args(DelayedFeedback):
@@ -354,6 +413,7 @@ _NOT_IDENTITY = frozenset(
         "namespace",  # the handoff it resolves to is kept
         "epochs",
         "max_steps",
+        "early_stop",  # patience, like epochs: more of it goes on from a checkpoint
         "device",
         "bf16",
         "compile",

@@ -3,6 +3,7 @@
     <dir>/step-000000001200/model.pt        rank 0: model, optimizer, step, configs
     <dir>/step-000000001200/cursor-3.pt     each rank: its reader's cursor after that step
     <dir>/latest                            the step of the newest complete checkpoint
+    <dir>/best/model.pt                     with --early-stop: the best model evaluated
 
 A checkpoint becomes the latest only once every rank's cursor is on disk (rank 0 writes
 ``latest`` after a barrier), so a trainer killed while saving restarts from the previous one.
@@ -57,8 +58,8 @@ class Checkpointer:
     def clear(self) -> None:
         """Remove every checkpoint in the folder (rank 0; the others wait): ``--fresh``."""
         if self.rank == 0 and self.folder.exists():
-            for old in self.folder.glob("step-*"):
-                shutil.rmtree(old, ignore_errors=True)
+            for old in [*self.folder.glob("step-*"), self.folder / "best"]:
+                shutil.rmtree(old, ignore_errors=True)  # best/: early stopping's best model
             (self.folder / "latest").unlink(missing_ok=True)
         if dist.is_available() and dist.is_initialized():
             dist.barrier()

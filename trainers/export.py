@@ -25,7 +25,7 @@ from flow.pipeline.state import Layout
 from flow.training import ModelConfig
 from trainers.models import CTRModel, build_model
 
-__all__ = ["CTRPredictor", "batch_from_frame", "example_frame", "log_model"]
+__all__ = ["CTRPredictor", "batch_from_frame", "example_frame", "log_model", "save_model"]
 
 
 def example_frame(layout: Layout, rows: int = 2) -> pd.DataFrame:
@@ -84,6 +84,20 @@ class CTRPredictor(_mlflow_pyfunc().PythonModel):  # type: ignore[misc]
         return result
 
 
+def save_model(model: CTRModel, layout: Layout, path: Path) -> Path:
+    """The model's artifact: its weights (and a baseline's counts), config and layout, which
+    :class:`CTRPredictor` (and the champion's warm start) build the same model from."""
+    torch.save(
+        {
+            "state": model.state_dict(),
+            "model_config": asdict(model.config),
+            "layout": layout.to_dict(),
+        },
+        path,
+    )
+    return path
+
+
 def log_model(
     model: CTRModel,
     layout: Layout,
@@ -109,15 +123,7 @@ def log_model(
         warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column")
         signature = infer_signature(example, predictor.predict(None, example))
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "model.pt"
-        torch.save(
-            {
-                "state": cpu_model.state_dict(),
-                "model_config": asdict(model.config),
-                "layout": layout.to_dict(),
-            },
-            path,
-        )
+        path = save_model(cpu_model, layout, Path(folder) / "model.pt")
         with mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
                 name="model",

@@ -1,4 +1,5 @@
-"""CTR models over a handoff batch: DeepFM, DLRM and Wide & Deep, chosen by :class:`ModelConfig`.
+"""CTR models over a handoff batch: DeepFM, DLRM and Wide & Deep, chosen by :class:`ModelConfig`
+(the baselines, hashed logistic regression and popularity, are in ``trainers.baselines``).
 
 A model is built from the :class:`~flow.pipeline.state.Layout` that Spark wrote the rows with, so
 its tables have exactly the sizes the indices need. Every model reads the same batch::
@@ -13,7 +14,7 @@ run under ``torch.autocast`` and trace under ``torch.compile`` without graph bre
 has no data-dependent Python branches, only checks on shapes and dtypes.
 
 (One module past 400 lines: the three models share the fused embedding and the MLP builder, and
-read best beside them; a fourth model is the time to give each its own module.)
+read best beside them; the baselines, which share neither, have their own module.)
 """
 
 from __future__ import annotations
@@ -177,13 +178,29 @@ class CTRModel(nn.Module):
     (per-id tables; each step touches a few rows) and :meth:`dense_parameters` (everything else).
     """
 
-    def __init__(self, config: ModelConfig, layout: Layout) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        layout: Layout,
+        *,
+        tables: Layout | None = None,
+        width: int | None = None,
+        init_std: float = _INIT_STD,
+    ) -> None:
+        """``tables``, ``width`` and ``init_std``: the embedding table's fields (default: every
+        categorical field of ``layout``), width (default: ``config.embedding_dim``) and
+        initial spread; the baselines' tables differ (``trainers.baselines``)."""
         super().__init__()
         _check_layout(layout)
         self.config = config
         self.layout = layout
         self.n_dense = len(layout.dense)
-        self.embeddings = FieldEmbeddings(layout, config.embedding_dim, config.max_embedding_rows)
+        self.embeddings = FieldEmbeddings(
+            tables or layout,
+            width or config.embedding_dim,
+            config.max_embedding_rows,
+            init_std=init_std,
+        )
 
     def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
         self.check_batch(batch)
@@ -407,11 +424,22 @@ class DLRM(CTRModel):
         return logits.squeeze(1)
 
 
-_MODELS: dict[str, type[CTRModel]] = {"deepfm": DeepFM, "dlrm": DLRM, "wide_deep": WideDeep}
-if set(_MODELS) != set(MODEL_NAMES):  # the names are defined once, in flow.training
-    raise ImportError(f"trainers build {sorted(_MODELS)}; flow.training names {MODEL_NAMES}")
+def _models() -> dict[str, type[CTRModel]]:
+    # The baselines subclass CTRModel, so their module is imported when first needed.
+    from trainers.baselines import Logistic, Popularity
+
+    models: dict[str, type[CTRModel]] = {
+        "deepfm": DeepFM,
+        "dlrm": DLRM,
+        "wide_deep": WideDeep,
+        "logistic": Logistic,
+        "popularity": Popularity,
+    }
+    if set(models) != set(MODEL_NAMES):  # the names are defined once, in flow.training
+        raise ImportError(f"trainers build {sorted(models)}; flow.training names {MODEL_NAMES}")
+    return models
 
 
 def build_model(config: ModelConfig, layout: Layout) -> CTRModel:
     """The model ``config`` names, with tables sized from ``layout``."""
-    return _MODELS[config.name](config, layout)
+    return _models()[config.name](config, layout)

@@ -63,6 +63,10 @@ class TrainResult:
     model_uri: str | None = None
     model_version: str | None = None
     decision: Decision | None = None
+    best_step: int | None = None
+    """With early stopping: the step of the best evaluation, whose model the run reports."""
+    stopped_early: bool = False
+    """Early stopping ended the run (its evaluation figure stopped improving)."""
     """Whether the new model became the champion, and why (with --promote-margin)."""
     leader: bool = True
     """Rank 0: the rank that tracks, exports and reports."""
@@ -103,6 +107,7 @@ def final_metrics(result: TrainResult) -> dict[str, float]:
         "data_stall_fraction": result.stall_fraction,
         "steps": result.steps,
         "rows": result.rows,
+        **({"best_step": result.best_step} if result.best_step is not None else {}),
         **{f"run_progressive_{k}": v for k, v in result.overall.items()},
     }
     for channel, scores in result.by_channel.items():

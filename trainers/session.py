@@ -33,6 +33,7 @@ from flow.tracking import Run
 from flow.training import TrainConfig
 from trainers.checkpoint import Checkpointer, differences
 from trainers.data import NO_TIME
+from trainers.early_stop import EarlyStop
 from trainers.feedback import Labels, labels_for, training_loss
 from trainers.inputs import (
     columns_of,
@@ -133,6 +134,17 @@ class Session:
         self.model: CTRModel = build_model(config.model, self.layout).to(self.device)
         self.optimizer = build_optimizer(self.model, config.optim)
         self.clip = CowClip.from_config(config.optim)
+        self.early = (
+            EarlyStop(
+                config.early_stop,
+                config.early_stop_on,
+                config.checkpoint_dir,
+                writer=self.leader,
+            )
+            if config.early_stop
+            else None
+        )
+        """Early stopping on the evaluation rows (``--early-stop``), or None."""
         self.net: nn.Module = self.model
         self.frozen: nn.Module | None = None
         """The model as it was when ``frozen_after``'s rows ended (see _frozen_for)."""
@@ -179,6 +191,7 @@ class Session:
             "model_config": asdict(self.config.model),
             "finished": self.finished,
             "run_id": self.run_id,
+            "early_stop": self.early.state_dict() if self.early else None,
             **self._belongs_to(),
         }
 
@@ -217,6 +230,8 @@ class Session:
         self.optimizer.load_state_dict(state["optimizer"])
         self.reader.load_state_dict(cursor)
         self.step = int(state["step"])
+        if self.early is not None and state.get("early_stop"):
+            self.early.load_state_dict(state["early_stop"])
         self._check_left(state, folder)
         self.say(f"resumed from the checkpoint of step {self.step} in {folder}")
         return self.step
@@ -226,6 +241,14 @@ class Session:
         followed until they closed): it would train on nothing and report the finished run's
         model as a new result."""
         steps = self.config.max_steps
+        early = self.early
+        if early is not None and early.stopped and early.best is not None:
+            raise ConfigError(
+                f"the run in {folder} stopped early at step {self.step}: its evaluation "
+                f"{early.on} has not improved on step {early.best.step}'s "
+                f"({early.best.value:.4f}) for {early.stale} evaluations. Give a larger "
+                "--early-stop to go on from it, or --fresh to train again from scratch"
+            )
         left = self._epochs_left() and (steps is None or self.step < steps)
         if not left:
             tracked = state.get("run_id") not in (None, "untracked")
@@ -332,9 +355,14 @@ class Session:
                 loss = self._step(batch, labels, loop.scores)
                 self._account(batch, result, loop)
                 if self._after_step(run, result, loss, batch.cursor, loop):
-                    loop.done = True  # max_steps reached
+                    loop.done = True  # max_steps reached, or stopped early
                     break
+            if not loop.done and self.early is not None and not config.eval_every:
+                loop.done = self._judge(run, loop)  # epochs chosen by the evaluation rows
+        if self.early is not None and not self.early.stopped and loop.judged != self.step:
+            self._judge(run, loop)  # the last model is a candidate too
         self._finish(result, loop, time.perf_counter() - started)
+        self._restore_best(result)
 
     def _loader(self) -> DeviceLoader:
         return DeviceLoader(
@@ -415,13 +443,48 @@ class Session:
         if step % config.log_every == 0:
             self._log(run, loss, loop)
         if config.eval_every and step % config.eval_every == 0:
-            evaluated = self.evaluate()
-            run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=step)
+            if self.early is not None:
+                if self._judge(run, loop):
+                    return True
+            else:
+                evaluated = self.evaluate()
+                run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=step)
         if self.checkpoints and step % config.checkpoint_every == 0:
             self.checkpoints.save(step, self.state(), cursor)
         if config.export_every and step % config.export_every == 0 and self.leader:
             result.model_uri = export_model(self, run, final=False)[0]
         return config.max_steps is not None and step >= config.max_steps
+
+    def _judge(self, run: Run, loop: _Loop) -> bool:
+        """Evaluate now for early stopping, log it; True when the run is to stop."""
+        assert self.early is not None
+        evaluated = self.evaluate()
+        run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=self.step)
+        loop.judged = self.step
+        stop = self.early.update(self.step, evaluated, self.model)
+        best = self.early.best
+        if stop and best is not None:
+            self.say(
+                f"early stop at step {self.step}: evaluation {self.early.on} has not improved on "
+                f"step {best.step}'s ({best.value:.4f}) for {self.early.stale} evaluations"
+            )
+        return stop
+
+    def _restore_best(self, result: TrainResult) -> None:
+        """With early stopping, the best model evaluated is the run's model from here on."""
+        if self.early is None:
+            return
+        best = self.early.restore(self.model)
+        result.stopped_early = self.early.stopped
+        if best is None:
+            self.say("early stopping: no evaluation gave a figure; keeping the last model")
+            return
+        result.best_step = best.step
+        if best.step != self.step:
+            self.say(
+                f"early stopping: the model of step {best.step} is the run's model "
+                f"(evaluation {self.early.on} {best.value:.4f}); trained to step {self.step}"
+            )
 
     def _log(self, run: Run, loss: torch.Tensor, loop: _Loop) -> None:
         """Metrics of the steps since the last log line (the only host-device sync a step has)."""
@@ -500,6 +563,8 @@ class _Loop:
     """The reader's cursor after the last batch trained on."""
     audit: list[np.ndarray] = field(default_factory=list)
     done: bool = False
+    judged: int | None = None
+    """The step of the last evaluation early stopping judged."""
 
 
 def export_model(session: Session, run: Run, *, final: bool) -> tuple[str, str | None]:

@@ -41,6 +41,17 @@ def test_short_flags_and_the_generated_long_ones_give_the_same_config() -> None:
     assert short.mix == {"backfill": 1.0, "live": 3.0}
 
 
+def test_the_baselines_and_early_stopping_are_flags() -> None:
+    config = parse_args(
+        ["--channel", "train", "--eval-channel", "test", "--model", "popularity",
+         "--model.field", "item_id", "--early-stop", "2", "--early-stop-on", "logloss"]
+    )  # fmt: skip
+    assert config.model == ModelConfig("popularity", field="item_id")
+    assert (config.early_stop, config.early_stop_on) == (2, "logloss")
+    # Patience is how long a run trains, like epochs: more of it goes on from a checkpoint.
+    assert "early_stop" not in config.identity()
+
+
 def test_a_config_file_is_read_and_flags_override_it(tmp_path: Path) -> None:
     file = save_config(TrainConfig(channels=("live",), batch_size=256), tmp_path / "run.json")
     config = parse_args(["--config", str(file), "--batch-size", "512", "--no-tracking"])

@@ -63,8 +63,9 @@ def test_tables_and_dense_layers_get_their_own_group_kind_and_rate(embedding, de
         assert type(optimizer.parts["embedding"]).__name__.lower() == embedding
 
 
-def test_embedding_lr_defaults_to_lr():
-    groups = group_params(build_optimizer(model("dlrm"), OptimConfig(lr=0.05)))
+def test_an_unset_embedding_lr_is_lr():
+    config = OptimConfig(lr=0.05, embedding_lr=None)
+    groups = group_params(build_optimizer(model("dlrm"), config))
     assert groups["embedding"][1] == groups["dense"][1] == 0.05
 
 
@@ -94,7 +95,8 @@ def test_a_checkpoint_round_trips_exactly(embedding, dense):
 
 
 def test_a_scheduler_drives_both_parts_of_a_combined_optimizer():
-    optimizer = build_optimizer(model("wide_deep"), OptimConfig(embedding="adagrad", lr=1.0))
+    config = OptimConfig(embedding="adagrad", lr=1.0, embedding_lr=None)
+    optimizer = build_optimizer(model("wide_deep"), config)
     assert isinstance(optimizer, CombinedOptimizer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
     optimizer.step()
@@ -105,7 +107,7 @@ def test_a_scheduler_drives_both_parts_of_a_combined_optimizer():
 def test_loading_a_checkpoint_of_other_kinds_is_refused():
     m = model("deepfm")
     combined = build_optimizer(m, OptimConfig(embedding="adagrad"))
-    single = build_optimizer(m, OptimConfig())
+    single = build_optimizer(m, OptimConfig(embedding="adam"))
     bogus = {"embedding": combined.state_dict()["embedding"]}
     with pytest.raises(ConfigError, match="other optimizer kinds"):
         combined.load_state_dict(bogus)
@@ -202,7 +204,9 @@ def test_with_sgd_cowclip_bounds_each_rows_step_by_its_threshold():
     m = model("deepfm", layout)
     ids = torch.arange(0, 40, 5)  # each id once: cnt = 1
     batch = {"dense": torch.randn(8, 1), "sparse": ids.unsqueeze(1), "label": torch.ones(8)}
-    config = OptimConfig(embedding="sgd", dense="sgd", lr=1.0, cowclip=True, cowclip_ratio=0.5)
+    config = OptimConfig(
+        embedding="sgd", dense="sgd", lr=1.0, embedding_lr=None, cowclip=True, cowclip_ratio=0.5
+    )
     clip = CowClip.from_config(config)
     assert clip is not None
     optimizer = build_optimizer(m, config)
@@ -240,6 +244,7 @@ def test_the_cowclip_scaling_rule_keeps_the_embedding_rate_and_scales_the_rest()
     groups = {g["name"]: g for g in build_optimizer(model("deepfm"), big).param_groups}
     assert groups["embedding"]["weight_decay"] == pytest.approx(32e-5)
     assert groups["dense"]["weight_decay"] == 1e-5
-    assert OptimConfig(lr=0.1).scaled_for(4).embedding_lr == 0.1  # unset: it was lr
+    unset = OptimConfig(lr=0.1, embedding_lr=None)
+    assert unset.scaled_for(4).embedding_lr == 0.1  # unset: it was lr
     with pytest.raises(ConfigError, match="factor"):
         base.scaled_for(0)
