@@ -80,6 +80,8 @@ class Launch:
     whoever runs the command deletes them when it ends."""
     on_exit: tuple[Callable[[int], None], ...] = ()
     """What whoever runs the command calls with its exit code when it ends."""
+    notes: tuple[str, ...] = ()
+    """Lines to show the user before the command runs."""
 
 
 @runtime_checkable

@@ -172,13 +172,12 @@ class BackfillRun(StageRun[BackfillStage]):
         usable, unusable = split_unusable(rows, spec, self.stage.events, enrichments)
         usable = usable.persist()
         self.cached.append(usable)
-        flags = [unusable_reason(spec, enrichments) != "", *missing(enrichments).values()]
+        misses = missing(enrichments)
+        flags = [unusable_reason(spec, enrichments) != "", *misses.values()]
         counts = rows.agg(*[F.sum(f.cast("int")).alias(f"n{i}") for i, f in enumerate(flags)])
         found = [int(n or 0) for n in (counts.first() or [0] * len(flags))]
         self.report.events_dead += found[0]
-        self.report.dimension_misses = {
-            e.source: n for e, n in zip(enrichments, found[1:], strict=True)
-        }
+        self.report.dimension_misses = dict(zip(misses, found[1:], strict=True))
         self.dead.append(unusable)
         return usable
 

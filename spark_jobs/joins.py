@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -16,6 +17,7 @@ __all__ = [
     "deduplicated",
     "dimension_side",
     "enrich",
+    "enrichment_names",
     "found_column",
     "label_batch",
     "label_stream",
@@ -169,6 +171,13 @@ def dedup_kind(key_names: str) -> str:
     if _AGAIN in key_names:
         return "again"
     return "labels" if _KEY in key_names else "events"
+
+
+def enrichment_names(enrichments: Sequence[Enrich]) -> list[str]:
+    """Each enrichment's name in the counts: its source, with its prefix in front where a stage
+    enriches from one table twice (say buyer_ and seller_ users)."""
+    sources = [e.source for e in enrichments]
+    return [e.prefix + e.source if sources.count(e.source) > 1 else e.source for e in enrichments]
 
 
 def found_column(spec: Enrich) -> str:

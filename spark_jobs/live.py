@@ -50,7 +50,12 @@ from flow.pipeline.state import FeatureState
 from flow.storage import namespace_locations
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
-from spark_jobs.joins import deduplicated, label_stream, label_stream_immediate
+from spark_jobs.joins import (
+    deduplicated,
+    enrichment_names,
+    label_stream,
+    label_stream_immediate,
+)
 from spark_jobs.live_writers import KIND, StreamWriter, record_column
 from spark_jobs.outputs import TrainingSink, training_sink
 from spark_jobs.report import StageReport
@@ -487,7 +492,7 @@ class LiveRun(StageRun[LiveStage]):
         report.events_dead = outcome("invalid", events) + late + outcome("unusable", events)
         report.duplicates = outcome("duplicates", events)
         report.dimension_misses = {
-            e.source: int(ledger[f"flow.missing.{e.source}"]) for e in stage.enrich
+            name: int(ledger[f"flow.missing.{name}"]) for name in enrichment_names(stage.enrich)
         }
         if stage.label:
             labels = stage.label.source

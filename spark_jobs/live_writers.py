@@ -182,9 +182,9 @@ class StreamWriter:
         }
         # The joined rows carry no record, so no source: theirs are the stage's counts.
         of_rows = {"unusable": self._unusable_key}
-        for i, (key, flag) in enumerate(missing(self.stage.enrich).items()):
+        for i, (name, flag) in enumerate(missing(self.stage.enrich).items()):
             flags[f"missing{i}"] = first_row & flag
-            of_rows[f"missing{i}"] = f"flow.{key}"
+            of_rows[f"missing{i}"] = f"flow.missing.{name}"
         totals = batch.groupBy(F.when(is_record, record["source"]).alias("source")).agg(
             *[F.sum(flag.cast("int")).alias(kind) for kind, flag in flags.items()]
         )

@@ -15,7 +15,7 @@ from flow.pipeline.model import Enrich, HandoffOutput, Pipeline
 from flow.pipeline.state import FeatureState, layout
 from flow.storage import namespace_locations
 from spark_jobs.handoff import ExportOptions
-from spark_jobs.joins import FOUND_PREFIX, found_column
+from spark_jobs.joins import FOUND_PREFIX, enrichment_names, found_column
 from spark_jobs.validate import REASON
 
 __all__ = [
@@ -133,8 +133,10 @@ def _missing_reason(spec: Enrich) -> Column:
 
 
 def missing(enrichments: Sequence[Enrich]) -> dict[str, Column]:
-    """Per enrichment (``missing.<source>``): whether a row's key was not in its table."""
-    return {f"missing.{e.source}": F.col(found_column(e)).isNull() for e in enrichments}
+    """Per enrichment, by :func:`~spark_jobs.joins.enrichment_names`: whether a row's key was
+    not in its table."""
+    names = enrichment_names(enrichments)
+    return {n: F.col(found_column(e)).isNull() for n, e in zip(names, enrichments, strict=True)}
 
 
 def unusable_reason(spec: FeatureSpec, enrichments: Sequence[Enrich] = ()) -> Column:

@@ -22,7 +22,7 @@ from spark_jobs.backfill import run_backfill
 from spark_jobs.live import run_live
 from spark_jobs.report import StageReport
 from spark_jobs.session import get_session
-from spark_jobs.stage import check_outputs
+from spark_jobs.stage import check_derived, check_outputs
 
 __all__ = ["describe", "run_pipeline"]
 
@@ -126,6 +126,8 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
         fits = isinstance(stage, BackfillStage) and stage.fit and options.feature_state is None
         check_outputs(stack, pipeline, stage, fits=fits)
     spark = get_session(stack, app_name=f"flow-{pipeline.name}")
+    for stage in chosen:  # likewise: a later stage's Derived that Spark cannot resolve
+        check_derived(spark, pipeline, stage)
     tracker: Tracker = (
         MlflowTracker(stack.mlflow.tracking_uri, f"pipeline-{pipeline.name}")
         if options.tracking
@@ -138,9 +140,9 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
         "stages": ",".join(s.name for s in chosen),
         "mode": options.mode,
     }
+    # Spec fingerprint -> the state a stage of this run fitted: a later stage of the same spec
+    # that does not fit (a holdout, a live stage) uses exactly it, never what LATEST is then.
     fitted: dict[str, str] = {}
-    """Spec fingerprint -> the state a stage of this run fitted: a later stage of the same spec
-    that does not fit (a holdout, a live stage) uses exactly it, never what LATEST is then."""
     with tracker.pipeline_run(pipeline.name, params=params) as parent:
         parent.log_dict(definition, "pipeline.json")
         for stage in chosen:

@@ -29,7 +29,7 @@ from flow.engine import Launch
 from flow.errors import ConfigError, DependencyMissingError
 from flow.secrets import is_secret, new_private_file, rewrite_private_file
 from flow.stack.jars import pyspark_jars_dir
-from spark_jobs.cds import archive_options
+from spark_jobs.cds import MAKING_ARCHIVE, archive_options
 from spark_jobs.conf import is_local_master, stack_conf
 from spark_jobs.session import stack_jars
 
@@ -229,14 +229,16 @@ def submit_command(argv: Sequence[str], stack: StackConfig) -> Launch:
         if not users_file and args.value("--load-spark-defaults") is None:
             user.append("--load-spark-defaults")
     on_exit: tuple[Callable[[int], None], ...] = ()
+    notes: tuple[str, ...] = ()
     java_options = "spark.driver.extraJavaOptions="
     here = args.value("--deploy-mode") != "cluster"  # the driver runs on this machine
     if stack.spark.cds and here and any(o.startswith(java_options) for o in ours):
         ours, finish = _with_class_archive(ours, stack)
-        on_exit = (finish,) if finish else ()
+        if finish is not None:
+            on_exit, notes = (finish,), (MAKING_ARCHIVE,)
     head = [] if args.value("--master") else ["--master", master]
     argv_out = [spark_submit_executable(), *head, *ours, *user, args.app, *args.app_args]
-    return Launch(argv_out, launch_env(master), private, on_exit)
+    return Launch(argv_out, launch_env(master), private, on_exit, notes)
 
 
 def _with_class_archive(

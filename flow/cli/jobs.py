@@ -40,13 +40,8 @@ def launch(argv: Sequence[str], stack: StackConfig, extra: dict[str, str] | None
 
     launch = load_engine("spark").submit_command(list(argv), stack)
     console.print(f"[dim]$ {escape(_abbreviated(launch.argv))}[/]", highlight=False, soft_wrap=True)
-    if launch.on_exit:
-        console.print(
-            "[dim]the first job with these jars: its driver also writes a class archive as it "
-            "ends (about 30 s, once), which makes later jobs start faster (FLOW_SPARK_CDS)[/]",
-            highlight=False,
-            soft_wrap=True,
-        )
+    for note in launch.notes:
+        console.print(f"[dim]{escape(note)}[/]", highlight=False, soft_wrap=True)
     code = 1
     try:
         code = subprocess.call(launch.argv, env={**os.environ, **launch.env, **(extra or {})})
