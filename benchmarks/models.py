@@ -67,7 +67,7 @@ def run_model(name: str, args: argparse.Namespace, folder: Path) -> dict[str, An
         device=args.device,
         tracking=False,
         log_every=10**9,
-        checkpoint_dir=folder / name,
+        checkpoint_dir=str(folder / name),
     )
     if args.optim:
         config = replace(config, optim=replace(config.optim, **json.loads(args.optim)))

@@ -38,6 +38,7 @@ from flow.pipeline import BackfillStage, LiveStage, Pipeline, RunOptions
 from flow.pipeline.features import feature_name
 from flow.pipeline.state import FeatureState, states_location
 from flow.stack.kafka import delete_topics
+from flow.storage import namespace_locations
 from flow.workflows.loading import produce_stream, topics, write_history
 from flow.workflows.synthetic import SyntheticWorld
 from pipelines.ctr import ctr_features
@@ -333,7 +334,7 @@ def _stage_once(
 ) -> dict[str, Any]:
     """The stage from the start of the topics: a new checkpoint, hence a new writer, whose
     channel the last run's would refuse, so both go first."""
-    shutil.rmtree(stack.checkpoints / NAMESPACE / pipeline.name, ignore_errors=True)
+    namespace_locations(stack, NAMESPACE).checkpoints.child(pipeline.name).remove()
     channel_for(stack, pipeline, stage.channel).folder.remove()
     batches: list[tuple[float, float]] = []
 

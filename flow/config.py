@@ -40,10 +40,12 @@ from flow.errors import ConfigError
 from flow.secrets import is_secret_key
 
 __all__ = [
+    "AWS_VARS",
     "ENV_VARS",
     "CatalogConfig",
     "KafkaConfig",
     "MlflowConfig",
+    "S3Config",
     "SparkConfig",
     "StackConfig",
 ]
@@ -51,7 +53,7 @@ __all__ = [
 LOOPBACK = "127.0.0.1"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: typing hashes the Annotated it is in
 class _Says:
     """What a bad value of a variable says, by pydantic's error type.
 
@@ -152,6 +154,17 @@ class _Environment(BaseSettings):
     """where fitted feature states go, path or URI ($FLOW_HOME/feature-state)"""
     handoff: str | None = None
     """root of handoff locations, a path or URI (default $FLOW_HOME/handoff)"""
+    checkpoints: str | None = None
+    """streaming and trainer checkpoints, a path or URI (default: beside FLOW_HANDOFF when that
+    is remote, else $FLOW_HOME/checkpoints)"""
+    s3_endpoint: str | None = None
+    """S3-compatible endpoint URL for every s3:// location, e.g. http://127.0.0.1:9000 (default:
+    AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS itself)"""
+    s3_region: str | None = None
+    """region of the S3 buckets (default: AWS_REGION, AWS_DEFAULT_REGION, else us-east-1)"""
+    s3_path_style: _Flag | None = None
+    """1: bucket in the URL path (MinIO, Ceph, moto); 0: virtual-hosted (default: 1 when an
+    endpoint is set)"""
     mlflow_port: _Port = 15000
     """port of the local MLflow server (default 15000)"""
     mlflow_tracking_uri: str | None = Field(None, validation_alias="MLFLOW_TRACKING_URI")
@@ -237,6 +250,102 @@ def _config_error(error: ValidationError) -> ConfigError:
     return ConfigError("\n".join(lines))
 
 
+#: The standard AWS variables :class:`S3Config` reads (as every AWS SDK does), with what they set.
+AWS_VARS: Mapping[str, str] = {
+    "AWS_ACCESS_KEY_ID": "access key of every s3:// location (unset: the SDKs' default chain)",
+    "AWS_SECRET_ACCESS_KEY": "its secret",
+    "AWS_SESSION_TOKEN": "a session token, for temporary credentials",
+    "AWS_REGION": "region, when FLOW_S3_REGION is unset (also AWS_DEFAULT_REGION)",
+    "AWS_ENDPOINT_URL": "endpoint, when FLOW_S3_ENDPOINT is unset (also AWS_ENDPOINT_URL_S3)",
+}
+_S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+
+
+def is_s3(uri: str) -> bool:
+    """Whether ``uri`` names an object in S3 (or an S3-compatible store)."""
+    return uri.startswith(_S3_SCHEMES)
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """One S3 configuration for every ``s3://`` location: the warehouse (pyiceberg and Spark's
+    S3FileIO), the handoff and feature states (pyarrow), checkpoints (Spark's S3A and pyarrow)
+    and the executors (their environment). Credentials unset: each SDK's default chain (an AWS
+    profile, an instance role) finds them."""
+
+    endpoint: str | None = None
+    """Endpoint URL with its scheme (``http://127.0.0.1:9000``); None: AWS's own."""
+    region: str = "us-east-1"
+    path_style: bool = False
+    """Bucket in the URL path rather than in the host name (what S3-compatible servers want)."""
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"FLOW_S3_ENDPOINT={self.endpoint!r} has no scheme; write "
+                f"http://{self.endpoint} or https://{self.endpoint}"
+            )
+        if (self.access_key is None) != (self.secret_key is None):
+            given, missing = (
+                ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+                if self.secret_key is None
+                else ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID")
+            )
+            raise ConfigError(f"{given} is set but {missing} is not; set both or neither")
+
+    @property
+    def endpoint_host(self) -> str | None:
+        """``host:port`` of the endpoint (what pyarrow's ``endpoint_override`` takes)."""
+        return self.endpoint.split("://", 1)[1].rstrip("/") if self.endpoint else None
+
+    @property
+    def scheme(self) -> str:
+        return self.endpoint.split("://", 1)[0] if self.endpoint else "https"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> S3Config:
+        """The S3 settings in ``env``: ``FLOW_S3_*`` first, then the standard AWS variables."""
+
+        def first(*names: str) -> str | None:
+            return next((env[n] for n in names if env.get(n)), None)
+
+        settings = _Environment.read({k: v for k, v in env.items() if k.startswith("FLOW_S3_")})
+        endpoint = settings.s3_endpoint or first("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+        path_style = settings.s3_path_style
+        return cls(
+            endpoint=endpoint,
+            region=settings.s3_region or first("AWS_REGION", "AWS_DEFAULT_REGION") or "us-east-1",
+            path_style=bool(endpoint) if path_style is None else path_style,
+            access_key=first("AWS_ACCESS_KEY_ID"),
+            secret_key=first("AWS_SECRET_ACCESS_KEY"),
+            session_token=first("AWS_SESSION_TOKEN"),
+        )
+
+    def environment(self) -> dict[str, str]:
+        """The variables that give another process (an executor) this configuration."""
+        values = {
+            "FLOW_S3_ENDPOINT": self.endpoint,
+            "FLOW_S3_REGION": self.region,
+            "FLOW_S3_PATH_STYLE": "1" if self.path_style else "0",
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_SESSION_TOKEN": self.session_token,
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+
+def _beside(root: str, name: str) -> str:
+    """The folder ``name`` next to ``root`` (a URI), or in it when ``root`` is a bucket."""
+    base, sep, query = root.partition("?")
+    scheme, _, path = base.rstrip("/").partition("://")
+    parent, slash, _ = path.rpartition("/")
+    where = f"{parent}/{name}" if slash else f"{path}/{name}"
+    return f"{scheme}://{where}{sep}{query}"
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     """The Kafka cluster pipelines read from and the local broker that stands in for it."""
@@ -277,6 +386,8 @@ class CatalogConfig:
     properties: Mapping[str, str] = field(default_factory=dict, repr=False)
     """Extra properties handed to both engines unchanged (``s3.endpoint``, credentials, ...);
     left out of ``repr`` for the credentials."""
+    s3: S3Config = field(default_factory=lambda: S3Config(), repr=False)
+    """The stack's S3 settings, for a warehouse in S3 (``properties`` win over them)."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):
@@ -348,6 +459,14 @@ class StackConfig:
     """Where fitted feature states are saved and loaded: a path or a pyarrow.fs URI."""
     handoff: str
     """Root of handoff locations (one per pipeline namespace): a path or a pyarrow.fs URI."""
+    checkpoints: str
+    """Root of streaming queries' and trainers' checkpoints: a path or a URI (on a cluster,
+    storage the driver and every worker share)."""
+
+    @property
+    def s3(self) -> S3Config:
+        """Endpoint, region and credentials of every ``s3://`` location."""
+        return self.catalog.s3
 
     @property
     def services_dir(self) -> Path:
@@ -355,9 +474,10 @@ class StackConfig:
         return self.home / "services"
 
     @property
-    def checkpoints(self) -> Path:
-        """Structured Streaming checkpoints, one folder per query."""
-        return self.home / "checkpoints"
+    def uses_s3(self) -> bool:
+        """Whether any of the stack's locations is in S3 (Spark then needs the S3 jars)."""
+        roots = (self.catalog.warehouse, self.handoff, self.checkpoints, self.feature_state)
+        return any(is_s3(root) for root in roots)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StackConfig:
@@ -402,6 +522,7 @@ class StackConfig:
             uri=uri,
             warehouse=warehouse,
             properties=settings.catalog_properties,
+            s3=S3Config.from_env(env),
         )
 
         external_mlflow = settings.mlflow_tracking_uri or ""
@@ -427,6 +548,13 @@ class StackConfig:
                 f"local services would share a port ({ports}); give FLOW_KAFKA_PORT, "
                 "FLOW_KAFKA_CONTROLLER_PORT and FLOW_MLFLOW_PORT different values"
             )
+        handoff = settings.handoff or str(home / "handoff")
+        if settings.checkpoints:
+            checkpoints = settings.checkpoints
+        elif "://" in handoff and not handoff.startswith("file:"):
+            checkpoints = _beside(handoff, "checkpoints")
+        else:
+            checkpoints = str(home / "checkpoints")
         return cls(
             home=home,
             jar_cache=jar_cache,
@@ -438,5 +566,6 @@ class StackConfig:
             spark=spark,
             lake=(settings.lake or lake_root / "delta").expanduser().resolve(),
             feature_state=settings.feature_state or str(home / "feature-state"),
-            handoff=settings.handoff or str(home / "handoff"),
+            handoff=handoff,
+            checkpoints=checkpoints,
         )

@@ -3,32 +3,56 @@
 A location is a local path or a URI pyarrow understands (``file://``, ``s3://``, ``gs://``,
 ``hdfs://``). Writes go to a temporary name and are renamed into place, so a reader never sees a
 half-written file (on object stores a single PUT is already atomic).
+
+An ``s3://`` (or ``s3a://``) location takes its endpoint, region and credentials from the one
+S3 configuration (:class:`flow.config.S3Config`: ``FLOW_S3_*`` and the standard AWS variables),
+the same that Spark and pyiceberg get; a URI that carries its own options
+(``s3://bucket/path?endpoint_override=...``) keeps them.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyarrow import fs as pafs
 
+from flow.config import S3Config, StackConfig, is_s3
 from flow.errors import ConfigError
 
-if TYPE_CHECKING:
-    from flow.config import StackConfig
+__all__ = [
+    "Location",
+    "NamespaceLocations",
+    "location",
+    "namespace_locations",
+    "s3_filesystem",
+]
 
-__all__ = ["Location", "NamespaceLocations", "location", "namespace_locations"]
+
+#: How S3 clients say what is wrong (lower case), for an error that names the fix.
+_NO_BUCKET = ("nosuchbucket", "bucket does not exist")
+_UNREACHABLE = ("couldn't connect", "could not connect", "resolve host", "connection refused",
+                "curlcode: 7", "curlcode: 6", "timed out")  # fmt: skip
+_DENIED = ("accessdenied", "access denied", "forbidden", "403", "invalidaccesskeyid",
+           "signaturedoesnotmatch")  # fmt: skip
 
 
 class Location:
     """A folder on some filesystem."""
 
-    def __init__(self, filesystem: pafs.FileSystem, path: str, uri: str) -> None:
+    def __init__(
+        self, filesystem: pafs.FileSystem, path: str, uri: str, s3: S3Config | None = None
+    ) -> None:
         self.fs = filesystem
+        self.s3 = s3
+        """The S3 settings an ``s3://`` location was opened with (None: its URI's own)."""
         self.path = path.rstrip("/")
         base, sep, query = uri.partition("?")
         self.uri = f"{base.rstrip('/')}{sep}{query}"
@@ -38,25 +62,61 @@ class Location:
         # A URI may carry options after "?" (s3://b/p?endpoint_override=...): path goes before.
         base, sep, query = self.uri.partition("?")
         return Location(
-            self.fs, f"{self.path}/{suffix}", f"{base.rstrip('/')}/{suffix}{sep}{query}"
+            self.fs, f"{self.path}/{suffix}", f"{base.rstrip('/')}/{suffix}{sep}{query}", self.s3
         )
 
     def _local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
 
+    @property
+    def hadoop_uri(self) -> str:
+        """This folder as Spark's Hadoop file systems name it (a streaming checkpoint's
+        location): a local path, or ``s3a://bucket/path`` read with the stack's S3 settings."""
+        if self._local():
+            return self.path
+        if isinstance(self.fs, pafs.S3FileSystem):
+            if "?" in self.uri or "@" in self.uri.partition("://")[2].partition("/")[0]:
+                raise ConfigError(
+                    f"{_shown(self.uri)}: Spark cannot read S3 options or credentials written in "
+                    "a URI; give the plain s3://bucket/path and set FLOW_S3_ENDPOINT, "
+                    "FLOW_S3_REGION and AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY instead"
+                )
+            return f"s3a://{self.path}"
+        return self.uri
+
     def write_bytes(self, name: str, data: bytes | pa.Buffer) -> str:
         """Write ``name`` in this folder atomically; returns its path."""
-        self.fs.create_dir(self.path, recursive=True)
-        target = f"{self.path}/{name}"
-        if not self._local():
-            with self.fs.open_output_stream(target) as out:
+        if self._local():
+            with self.writing(name) as out:
                 out.write(data)
-            return target
-        temporary = f"{self.path}/.{name}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open_output_stream(temporary) as out:
-            out.write(data)
-        self.fs.move(temporary, target)
-        return target
+        else:  # one PUT of the whole: an object store shows all of it or nothing
+            self.fs.create_dir(self.path, recursive=True)
+            with self.fs.open_output_stream(f"{self.path}/{name}") as out:
+                out.write(data)
+        return f"{self.path}/{name}"
+
+    @contextmanager
+    def writing(self, name: str) -> Iterator[pa.NativeFile]:
+        """A stream that becomes ``name`` in this folder, whole, when the block ends, and never
+        when it raises: it writes a temporary file (object) moved into place at the end."""
+        self.fs.create_dir(self.path, recursive=True)
+        temporary = f".{name}.{uuid.uuid4().hex}.tmp"
+        try:
+            with self.fs.open_output_stream(f"{self.path}/{temporary}") as out:
+                yield out
+            self.fs.move(f"{self.path}/{temporary}", f"{self.path}/{name}")
+        except BaseException:
+            self.delete(temporary)
+            raise
+
+    def reading(self, name: str) -> pa.NativeFile:
+        """``name`` in this folder, open for random access (close it, or use ``with``)."""
+        return self.fs.open_input_file(f"{self.path}/{name}")
+
+    def delete(self, name: str) -> None:
+        """Delete the file ``name`` in this folder; nothing happens if it does not exist."""
+        if self.exists(name):
+            self.fs.delete_file(f"{self.path}/{name}")
 
     def check_writable(self, setting: str) -> None:
         """Raise a ConfigError naming ``setting`` unless files can be written here.
@@ -72,13 +132,37 @@ class Location:
                 out.write(b"probe")
             self.fs.delete_file(probe)
         except (OSError, pa.ArrowException) as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            # A URI may carry credentials (s3://key:secret@bucket/...): not into a message.
-            shown = re.sub(r"://[^/@]*@", "://", self.uri)
             raise ConfigError(
-                f"{setting}: cannot write to {shown} ({reason}); set {setting} to a location "
-                "this process can write, or fix its permissions"
+                f"{setting}: cannot write to {_shown(self.uri)} {self._why(exc, setting)}"
             ) from exc
+
+    def _why(self, exc: BaseException, setting: str) -> str:
+        """What a failed probe means, and what to change, in one line."""
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if not isinstance(self.fs, pafs.S3FileSystem):
+            return (
+                f"({reason}); set {setting} to a location this process can write, or fix its "
+                "permissions"
+            )
+        bucket = self.path.split("/", 1)[0]
+        endpoint = (self.s3.endpoint if self.s3 else None) or "AWS S3"
+        lowered = reason.lower()
+        if any(sign in lowered for sign in _NO_BUCKET):
+            return (
+                f": bucket {bucket!r} does not exist at {endpoint}; create it "
+                f"(aws s3 mb s3://{bucket}) or set {setting} to a bucket that exists"
+            )
+        if any(sign in lowered for sign in _UNREACHABLE):
+            return (
+                f": the S3 endpoint {endpoint} cannot be reached; check FLOW_S3_ENDPOINT "
+                f"(or AWS_ENDPOINT_URL) and that the server runs ({reason})"
+            )
+        if any(sign in lowered for sign in _DENIED):
+            return (
+                f": access to bucket {bucket!r} at {endpoint} is denied; check "
+                f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket's policy ({reason})"
+            )
+        return f"({reason}); check FLOW_S3_ENDPOINT, FLOW_S3_REGION and the AWS credentials"
 
     def read_bytes(self, name: str) -> bytes:
         with self.fs.open_input_stream(f"{self.path}/{name}") as src:
@@ -113,11 +197,55 @@ class Location:
         return self.uri
 
 
-def location(uri_or_path: str) -> Location:
-    """The folder at ``uri_or_path`` (a local path or a filesystem URI)."""
+def _shown(uri: str) -> str:
+    """``uri`` without credentials (``s3://key:secret@bucket/...``): fit for a message."""
+    return re.sub(r"://[^/@]*@", "://", uri)
+
+
+_S3_VARIABLES = ("FLOW_S3_", "AWS_")
+
+
+def _s3_config() -> S3Config:
+    """The S3 configuration of this process's environment (an executor's too)."""
+    return _s3_config_of(
+        tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_S3_VARIABLES)))
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_config_of(items: tuple[tuple[str, str], ...]) -> S3Config:
+    return S3Config.from_env(dict(items))
+
+
+@functools.lru_cache(maxsize=8)
+def s3_filesystem(config: S3Config, *, connect_timeout: float = 5.0) -> pafs.S3FileSystem:
+    """pyarrow's S3 client for ``config``: one per configuration, shared by every location."""
+    options: dict[str, object] = {
+        "region": config.region,
+        "scheme": config.scheme,
+        "force_virtual_addressing": not config.path_style and config.endpoint is not None,
+        "connect_timeout": connect_timeout,
+    }
+    if config.endpoint_host:
+        options["endpoint_override"] = config.endpoint_host
+    if config.access_key and config.secret_key:
+        options.update(access_key=config.access_key, secret_key=config.secret_key)
+        if config.session_token:
+            options["session_token"] = config.session_token
+    return pafs.S3FileSystem(**options)
+
+
+def location(uri_or_path: str, s3: S3Config | None = None) -> Location:
+    """The folder at ``uri_or_path`` (a local path or a filesystem URI); an ``s3://`` one with
+    ``s3`` (default: the S3 settings of this process's environment)."""
     if "://" not in uri_or_path:
         path = str(Path(uri_or_path).expanduser().resolve())
         return Location(pafs.LocalFileSystem(), path, path)
+    own_options = "?" in uri_or_path or "@" in uri_or_path.split("://", 1)[1].split("/", 1)[0]
+    if is_s3(uri_or_path) and not own_options:
+        path = uri_or_path.split("://", 1)[1].rstrip("/")
+        config = s3 or _s3_config()
+        return Location(s3_filesystem(config), path, f"s3://{path}", config)
     filesystem, path = pafs.FileSystem.from_uri(uri_or_path)
     return Location(filesystem, path, uri_or_path)
 
@@ -144,7 +272,7 @@ def namespace_locations(stack: StackConfig, namespace: str) -> NamespaceLocation
     if not namespace or "/" in namespace or namespace in (".", ".."):
         raise ConfigError(f"namespace {namespace!r}: give a plain name (letters, digits, _ or -)")
     return NamespaceLocations(
-        handoff=location(stack.handoff).child(namespace),
-        checkpoints=location(str(stack.checkpoints)).child(namespace),
-        feature_state=location(stack.feature_state).child(namespace),
+        handoff=location(stack.handoff, stack.s3).child(namespace),
+        checkpoints=location(stack.checkpoints, stack.s3).child(namespace),
+        feature_state=location(stack.feature_state, stack.s3).child(namespace),
     )

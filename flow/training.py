@@ -254,8 +254,9 @@ class TrainConfig:
     early_stop_on: EarlyStopOn = "auc"
     """The evaluation figure early stopping follows: ``auc`` (higher is better) or
     ``logloss`` (lower is better)."""
-    checkpoint_dir: Path | None = None
-    """None: a folder of the run's own in the namespace's checkpoints,
+    checkpoint_dir: str | None = None
+    """A path or a URI (``s3://...``); None: a folder of the run's own in the namespace's
+    checkpoints (FLOW_CHECKPOINTS),
     ``trainer/<channels>/<model>-<settings>`` (other settings: another folder). A folder given
     here that holds a run with other settings is refused (see ``fresh``)."""
     fresh: bool = False
@@ -405,7 +406,7 @@ class TrainConfig:
             return run
         own = f"{run.model.name}-{fingerprint(run.identity())}"
         folder = where.checkpoints.child("trainer", "-".join(self.channels), own)
-        return replace(run, checkpoint_dir=Path(folder.path))
+        return replace(run, checkpoint_dir=folder.uri)
 
 
 _NOT_IDENTITY = frozenset(

@@ -8,7 +8,9 @@ pairing was chosen and how it was verified. Change a version here only together 
 from __future__ import annotations
 
 __all__ = [
+    "AWS_SDK",
     "DELTA",
+    "HADOOP",
     "ICEBERG",
     "KAFKA_BROKER",
     "KAFKA_TOKEN_PROVIDER",
@@ -38,5 +40,14 @@ SQLITE_JDBC = "3.51.1.0"
 KAFKA_BROKER = "4.1.2"
 #: The slf4j-1 binding the broker's logging needs (the Kafka distribution ships the same).
 LOG4J = "2.25.3"
+
+#: The Hadoop of pyspark's ``hadoop-client-api`` jar: ``hadoop-aws`` (S3A, for streaming
+#: checkpoints on S3) must be the same release.
+HADOOP = "3.4.2"
+#: The AWS SDK v2 inside ``iceberg-aws-bundle`` (ICEBERG): S3A's transfer manager, which the
+#: bundle lacks, is added at that version, and S3A uses the bundle's SDK rather than the 600 MB
+#: ``software.amazon.awssdk:bundle`` its POM names (verified against moto: checkpoints, state
+#: stores, Parquet through ``s3a://``).
+AWS_SDK = "2.44.4"
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"

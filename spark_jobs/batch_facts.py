@@ -24,25 +24,27 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
 
+from flow.storage import Location
+
 __all__ = ["Dropped", "dropped_rows", "late_threshold_ms"]
 
 
-def late_threshold_ms(checkpoint: Path, batch_id: int) -> int:
+def late_threshold_ms(checkpoint: Location, batch_id: int) -> int:
     """Event times at or before this (ms since the epoch) are late in ``batch_id``: the
     watermark of the batch before it (0 for a query's first batch)."""
     if batch_id <= 0:
         return 0
-    log = checkpoint / "offsets" / str(batch_id - 1)
+    log = checkpoint.child("offsets")
     try:
-        metadata = json.loads(log.read_text().splitlines()[1])
-    except (OSError, IndexError, json.JSONDecodeError) as exc:
+        metadata = json.loads(log.read_bytes(str(batch_id - 1)).decode().splitlines()[1])
+    except (OSError, IndexError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RuntimeError(
-            f"the offset log {log} of the query's previous batch cannot be read ({exc}); the "
+            f"the offset log {log}/{batch_id - 1} of the query's previous batch cannot be read "
+            f"({exc}); the "
             "checkpoint is damaged or was written by another Spark version"
         ) from exc
     return int(metadata.get("batchWatermarkMs", 0))

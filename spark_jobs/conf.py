@@ -12,13 +12,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flow.config import LOOPBACK, CatalogConfig, StackConfig
+from flow.config import LOOPBACK, CatalogConfig, S3Config, StackConfig, is_s3
+from flow.stack.iceberg import s3_properties
 
 __all__ = [
     "LAUNCH_KEYS",
     "REQUIRED_CLASSES",
     "catalog_conf",
     "is_local_master",
+    "s3_conf",
     "session_conf",
     "stack_conf",
 ]
@@ -60,7 +62,8 @@ def _workers_run_this_python() -> bool:
 
 
 def catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
-    """The Iceberg ``SparkCatalog`` that opens the same catalog as pyiceberg."""
+    """The Iceberg ``SparkCatalog`` that opens the same catalog as pyiceberg; on an ``s3://``
+    warehouse, with S3FileIO and the stack's S3 settings (FLOW_CATALOG_PROPERTIES wins)."""
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {prefix: "org.apache.iceberg.spark.SparkCatalog"}
     if catalog.type == "sql":
@@ -72,8 +75,38 @@ def catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
         conf[f"{prefix}.type"] = "rest"
         conf[f"{prefix}.uri"] = catalog.uri
     conf[f"{prefix}.warehouse"] = catalog.warehouse
+    if is_s3(catalog.warehouse):
+        conf[f"{prefix}.io-impl"] = "org.apache.iceberg.aws.s3.S3FileIO"
+        for key, value in s3_properties(catalog.s3, java=True).items():
+            conf[f"{prefix}.{key}"] = value
     for key, value in catalog.properties.items():
         conf[f"{prefix}.{key}"] = value
+    return conf
+
+
+def s3_conf(s3: S3Config) -> dict[str, str]:
+    """Hadoop's S3A (streaming checkpoints; ``s3://`` read as ``s3a://``) with the stack's S3
+    settings, and the executors' environment, from which their Python tasks' pyarrow reads the
+    same settings (:func:`flow.storage.location`)."""
+    hadoop = "spark.hadoop.fs.s3a"
+    conf = {
+        "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        f"{hadoop}.endpoint.region": s3.region,
+        f"{hadoop}.path.style.access": str(s3.path_style).lower(),
+    }
+    if s3.endpoint:
+        conf[f"{hadoop}.endpoint"] = s3.endpoint
+        conf[f"{hadoop}.connection.ssl.enabled"] = str(s3.scheme == "https").lower()
+    if s3.access_key and s3.secret_key:
+        conf[f"{hadoop}.access.key"] = s3.access_key
+        conf[f"{hadoop}.secret.key"] = s3.secret_key
+        if s3.session_token:
+            conf[f"{hadoop}.session.token"] = s3.session_token
+            conf[f"{hadoop}.aws.credentials.provider"] = (
+                "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+            )
+    for name, value in s3.environment().items():
+        conf[f"spark.executorEnv.{name}"] = value
     return conf
 
 
@@ -87,6 +120,8 @@ def session_conf(stack: StackConfig, *, local: bool) -> dict[str, str]:
         "spark.sql.warehouse.dir": str(stack.home / "spark-warehouse"),
         **catalog_conf(stack.catalog),
     }
+    if stack.uses_s3:
+        conf.update(s3_conf(stack.s3))
     if local:
         cores = os.cpu_count() or 2
         conf.update(

@@ -1,11 +1,12 @@
 """A live stage: Kafka events, labelled by a stream-stream join, enriched, featurized, written.
 
 One Structured Streaming query per stage, checkpointed under
-``$FLOW_HOME/checkpoints/<namespace>/<pipeline>/<stage>/stream``. Each micro-batch hands its
-writer (spark_jobs.live_writers) every record it read, with its reason if it is bad, beside the
-rows the label join emitted: so records are counted, malformed, out-of-range and late ones
-dead-lettered with their reason and duplicates counted, in the same commit as the training rows,
-and every count reconciles across restarts.
+``$FLOW_CHECKPOINTS/<namespace>/<pipeline>/<stage>/stream`` (``$FLOW_HOME/checkpoints`` on one
+machine; on a cluster, storage every worker shares: S3 through Hadoop's S3A). Each micro-batch
+hands its writer (spark_jobs.live_writers) every record it read, with its reason if it is bad,
+beside the rows the label join emitted: so records are counted, malformed, out-of-range and late
+ones dead-lettered with their reason and duplicates counted, in the same commit as the training
+rows, and every count reconciles across restarts.
 
 * **Event time.** A record whose event time is further than ``max_future`` ahead of (or
   ``max_past`` behind) the batch's processing time is a dead letter before any watermark sees
@@ -33,7 +34,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
-from pathlib import Path
 from typing import Any
 
 from pyspark.errors import StreamingQueryException
@@ -47,7 +47,7 @@ from flow.pipeline.model import LiveStage, Pipeline
 from flow.pipeline.run import RunOptions
 from flow.pipeline.sources import PRODUCED_AT, KafkaSource
 from flow.pipeline.state import FeatureState
-from flow.storage import namespace_locations
+from flow.storage import Location, namespace_locations
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
 from spark_jobs.joins import (
@@ -107,15 +107,13 @@ def _reader_options(source: KafkaSource) -> dict[str, str]:
 
 
 def _writer_id(
-    checkpoint: Path, pipeline: Pipeline, stage: LiveStage, marker: str = "writer-id"
+    checkpoint: Location, pipeline: Pipeline, stage: LiveStage, marker: str = "writer-id"
 ) -> str:
     """Names this stage's checkpoint incarnation: a deleted checkpoint starts a new writer, whose
     batch ids (from 0 again) are not mistaken for ones already committed."""
-    marker_file = checkpoint / marker
-    if not marker_file.exists():
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        marker_file.write_text(uuid.uuid4().hex[:12])
-    return f"{pipeline.name}.{stage.name}:{marker_file.read_text().strip()}"
+    if not checkpoint.exists(marker):
+        checkpoint.write_bytes(marker, uuid.uuid4().hex[:12].encode())
+    return f"{pipeline.name}.{stage.name}:{checkpoint.read_bytes(marker).decode().strip()}"
 
 
 @dataclass
@@ -253,8 +251,8 @@ main queries were merged: a checkpoint of the two-query layout is not reused).""
 class _Outputs:
     """Where a live run writes, and under which writer id its commits are found again."""
 
-    checkpoint: Path
-    """The query's checkpoint folder."""
+    checkpoint: Location
+    """The query's checkpoint folder (shared storage on a cluster: FLOW_CHECKPOINTS)."""
     writer: str
     training: TrainingSink
     dead_letters: str
@@ -320,14 +318,13 @@ class LiveRun(StageRun[LiveStage]):
     def open_outputs(self, state: FeatureState) -> _Outputs:
         """The checkpoint and its writer id, the training sink and the dead-letter table."""
         pipeline, stage = self.pipeline, self.stage
-        # Local folders for now: the writer-id marker is a file the driver writes beside them.
         where = namespace_locations(self.stack, pipeline.namespace).checkpoints
-        folder = Path(where.child(pipeline.name, stage.name).path)
+        folder = where.child(pipeline.name, stage.name)
         writer = _writer_id(folder, pipeline, stage, marker=f"{QUERY}-writer-id")
         self.report.lineage["writer"] = writer
         if stage.label is not None:  # an MLflow tag: which labels the channel's rows carry
             self.report.lineage["label_strategy"] = stage.label.strategy
-        checkpoint = folder / QUERY
+        checkpoint = folder.child(QUERY)
         training = training_sink(
             self.spark,
             self.stack,
@@ -407,7 +404,7 @@ class LiveRun(StageRun[LiveStage]):
             event_key=key,
         )
 
-    def start(self, checkpoint: Path, writer: StreamWriter) -> StreamingQuery:
+    def start(self, checkpoint: Location, writer: StreamWriter) -> StreamingQuery:
         # The smallest input watermark wins (see the module docstring), whatever the session
         # says; recorded in a new checkpoint (one made before keeps the policy it was made with).
         self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "min")
@@ -418,7 +415,7 @@ class LiveRun(StageRun[LiveStage]):
             self.stream_frame()
             .writeStream.queryName(self.query_name)
             .foreachBatch(writer)
-            .option("checkpointLocation", str(checkpoint))
+            .option("checkpointLocation", checkpoint.hadoop_uri)
         )
         if self.options.mode == "continuous":
             stream = stream.trigger(processingTime=self.stage.trigger)
@@ -438,7 +435,7 @@ class LiveRun(StageRun[LiveStage]):
             return None
         return max(2, self.spark.sparkContext.defaultParallelism)
 
-    def supervise(self, checkpoint: Path, writer: StreamWriter, watch: _Watch) -> None:
+    def supervise(self, checkpoint: Location, writer: StreamWriter, watch: _Watch) -> None:
         """Run the query; when it fails, start it again from its checkpoint after a pause, up
         to ``max_restarts`` times. An error of the pipeline itself is raised at once."""
         limit = self.options.max_restarts

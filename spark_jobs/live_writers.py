@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from pyspark import inheritable_thread_target
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -34,6 +33,7 @@ from pyspark.sql import functions as F
 
 from flow.pipeline.model import LiveStage
 from flow.pipeline.sources import KafkaSource
+from flow.storage import Location
 from spark_jobs.batch_facts import dropped_rows, late_threshold_ms
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
@@ -92,7 +92,7 @@ class StreamWriter:
         sources: Sequence[tuple[str, KafkaSource]],
         *,
         query_name: str,
-        checkpoint: Path,
+        checkpoint: Location,
         training: TrainingSink,
         ledger: BatchLedger,
         featurizer: Featurizer,

@@ -8,7 +8,6 @@ commits, so a stage's counts survive restarts.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
@@ -17,6 +16,7 @@ from flow.config import StackConfig
 from flow.handoff import Channel
 from flow.pipeline.model import HandoffOutput, LiveStage, Pipeline
 from flow.pipeline.state import FeatureState
+from flow.storage import Location
 from spark_jobs.handoff import export
 from spark_jobs.rows import channel_for, export_options, training_table
 from spark_jobs.sinks import BatchLedger, writer_totals
@@ -40,12 +40,11 @@ class TrainingSink(Protocol):
         ...
 
 
-def _offsets(checkpoint: Path, batch_id: int) -> list[Any]:
+def _offsets(checkpoint: Location, batch_id: int) -> list[Any]:
     """The Kafka offsets a micro-batch read, from the query's write-ahead offset log."""
-    log = checkpoint / "offsets" / str(batch_id)
     try:
-        lines = log.read_text().splitlines()
-    except OSError:
+        lines = checkpoint.child("offsets").read_bytes(str(batch_id)).decode().splitlines()
+    except (OSError, UnicodeDecodeError):
         return []
     # Line 1: version; line 2: batch metadata; then one line of offsets per source.
     return [json.loads(line) for line in lines[2:] if line.startswith("{")]
@@ -60,7 +59,7 @@ class _HandoffSink:
         stage: LiveStage,
         state: FeatureState,
         event_time: str | None,
-        checkpoint: Path,
+        checkpoint: Location,
     ) -> None:
         self.channel = channel
         self.where = channel.folder.uri
@@ -136,7 +135,7 @@ def training_sink(
     *,
     writer: str,
     event_time: str | None,
-    checkpoint: Path,
+    checkpoint: Location,
 ) -> TrainingSink:
     """The sink a live stage writes to, per the pipeline's output."""
     if isinstance(pipeline.output, HandoffOutput):

@@ -47,9 +47,10 @@ def _check_pyspark() -> None:
 
 
 def stack_jars(stack: StackConfig) -> jars.ResolvedJars:
-    """The Spark connector jars, plus Iceberg's S3 support when the warehouse is on S3."""
+    """The Spark connector jars, plus S3's (Iceberg S3FileIO, Hadoop S3A) when a location is in
+    S3."""
     resolved = jars.resolve("spark", stack)
-    if stack.catalog.warehouse.startswith(("s3://", "s3a://")):
+    if stack.uses_s3:
         s3 = jars.resolve("spark-s3", stack)
         resolved = jars.ResolvedJars(
             "spark+s3", resolved.folder, resolved.jars + s3.jars, resolved.driver_classpath

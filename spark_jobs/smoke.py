@@ -33,6 +33,7 @@ from flow.errors import ServiceError
 from flow.pipeline.smoke import SmokeCheck
 from flow.stack.iceberg import open_catalog
 from flow.stack.kafka import ensure_topics, producer
+from flow.storage import location
 from flow.tracking import MlflowTracker
 from spark_jobs.session import get_session
 from spark_jobs.sources import read_kafka
@@ -143,7 +144,10 @@ def _stream(
     query = (
         enriched.writeStream.format("iceberg")
         .outputMode("append")
-        .option("checkpointLocation", str(stack.checkpoints / "smoke" / "events_enriched"))
+        .option(
+            "checkpointLocation",
+            location(stack.checkpoints, stack.s3).child("smoke", "events_enriched").hadoop_uri,
+        )
         .trigger(availableNow=True)
         .toTable(f"{cat}.{ns}.events_enriched")
     )

@@ -114,7 +114,7 @@ def stage_outputs(
         found.append((folders.feature_state.child(stage.features.name), "FLOW_FEATURE_STATE"))
     if stage.streaming:
         checkpoints = folders.checkpoints.child(pipeline.name, stage.name)
-        found.append((checkpoints, "FLOW_HOME"))  # checkpoints are under it
+        found.append((checkpoints, "FLOW_CHECKPOINTS"))
     # Only a local warehouse: on an object store Iceberg writes with the catalog's own
     # credentials (FLOW_CATALOG_PROPERTIES), which a probe through pyarrow would not use.
     if stack.catalog.type == "sql" and stack.catalog.warehouse.startswith("file:"):

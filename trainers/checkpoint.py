@@ -5,9 +5,11 @@
     <dir>/latest                            the step of the newest complete checkpoint
     <dir>/best/model.pt                     with --early-stop: the best model evaluated
 
-A checkpoint becomes the latest only once every rank's cursor is on disk (rank 0 writes
-``latest`` after a barrier), so a trainer killed while saving restarts from the previous one.
-Files are written to a temporary name and renamed: a half-written file is never loaded.
+The folder is a path or a URI (``s3://bucket/checkpoints/...``, through :mod:`flow.storage`):
+the ranks of a multi-node run share it. A checkpoint becomes the latest only once every rank's
+cursor is written (rank 0 writes ``latest`` after a barrier), so a trainer killed while saving
+restarts from the previous one. Files are written whole or not at all (a temporary name moved
+into place): a half-written file is never loaded.
 
 A checkpoint belongs to its run: ``model.pt`` records the run's settings
 (``TrainConfig.identity``), the channels it read (each one's creation time) and the feature
@@ -20,8 +22,6 @@ new ranks read exactly the rows the old ones had not (see ``flow.handoff.elastic
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +30,30 @@ import torch.distributed as dist
 
 from flow.errors import ConfigError
 from flow.handoff import every_rank
-from flow.storage import location
+from flow.storage import Location, location
 
-__all__ = ["Checkpointer", "differences"]
+__all__ = ["Checkpointer", "differences", "load_file", "save_file"]
 
 
-def _save(obj: Any, path: Path) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, temporary)
-    os.replace(temporary, path)
+def save_file(obj: Any, where: Location, name: str) -> None:
+    """``torch.save`` of ``obj`` as ``name`` in ``where``, whole or not at all."""
+    with where.writing(name) as out:
+        torch.save(obj, out)
+
+
+def load_file(where: Location, name: str, **options: Any) -> Any:
+    """What :func:`save_file` saved (on the CPU unless ``map_location`` says otherwise)."""
+    with where.reading(name) as source:
+        return torch.load(source, weights_only=False, **{"map_location": "cpu", **options})
 
 
 class Checkpointer:
     """Saves and finds checkpoints under ``folder``, keeping the newest ``keep``."""
 
-    def __init__(self, folder: Path, rank: int = 0, world_size: int = 1, keep: int = 3) -> None:
-        self.folder = folder
+    def __init__(
+        self, folder: str | Path | Location, rank: int = 0, world_size: int = 1, keep: int = 3
+    ) -> None:
+        self.folder = folder if isinstance(folder, Location) else location(str(folder))
         self.rank = rank
         self.world_size = world_size
         self.keep = keep
@@ -53,37 +61,39 @@ class Checkpointer:
     def check_writable(self) -> None:
         """A ConfigError naming ``--checkpoint-dir`` unless the folder can be written: found
         when the run starts, not at its first checkpoint."""
-        location(str(self.folder)).check_writable("--checkpoint-dir")
+        self.folder.check_writable("--checkpoint-dir")
+
+    def _steps(self) -> list[str]:
+        return [name for name in self.folder.list(folders=True) if name.startswith("step-")]
 
     def clear(self) -> None:
         """Remove every checkpoint in the folder (rank 0; the others wait): ``--fresh``."""
-        if self.rank == 0 and self.folder.exists():
-            for old in [*self.folder.glob("step-*"), self.folder / "best"]:
-                shutil.rmtree(old, ignore_errors=True)  # best/: early stopping's best model
-            (self.folder / "latest").unlink(missing_ok=True)
+        if self.rank == 0:
+            for old in [*self._steps(), "best"]:  # best/: early stopping's best model
+                self.folder.child(old).remove()
+            self.folder.delete("latest")
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
 
-    def _step_folder(self, step: int) -> Path:
-        return self.folder / f"step-{step:012d}"
+    def _step_folder(self, step: int) -> Location:
+        return self.folder.child(f"step-{step:012d}")
 
     def latest(self) -> int | None:
-        marker = self.folder / "latest"
-        return int(marker.read_text()) if marker.exists() else None
+        if not self.folder.exists("latest"):
+            return None
+        return int(self.folder.read_bytes("latest").decode())
 
-    def save(self, step: int, state: dict[str, Any], cursor: dict[str, Any]) -> Path:
+    def save(self, step: int, state: dict[str, Any], cursor: dict[str, Any]) -> Location:
         """Every rank calls this at the same step; ``state`` matters on rank 0 only."""
         target = self._step_folder(step)
-        target.mkdir(parents=True, exist_ok=True)
-        _save({"cursor": cursor, "world_size": self.world_size}, target / f"cursor-{self.rank}.pt")
+        mine = {"cursor": cursor, "world_size": self.world_size}
+        save_file(mine, target, f"cursor-{self.rank}.pt")
         if self.rank == 0:
-            _save({**state, "step": step}, target / "model.pt")
+            save_file({**state, "step": step}, target, "model.pt")
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         if self.rank == 0:
-            marker = self.folder / ".latest.tmp"
-            marker.write_text(str(step))
-            os.replace(marker, self.folder / "latest")
+            self.folder.write_bytes("latest", str(step).encode())
             self._prune()
         return target
 
@@ -105,24 +115,23 @@ class Checkpointer:
         else:
             ranks = [first] + [self._cursor(target, r) for r in range(1, written_by)]
             mine = every_rank([c["cursor"] for c in ranks])
-        state = torch.load(target / "model.pt", weights_only=False, map_location="cpu")
+        state: dict[str, Any] = load_file(target, "model.pt")
         return state, mine
 
     @staticmethod
-    def _cursor(target: Path, rank: int) -> dict[str, Any]:
-        path = target / f"cursor-{rank}.pt"
-        if not path.exists():
+    def _cursor(target: Location, rank: int) -> dict[str, Any]:
+        name = f"cursor-{rank}.pt"
+        if not target.exists(name):
             raise ConfigError(
                 f"checkpoint {target} has no cursor for rank {rank} (every rank writes one "
                 "before a checkpoint is marked the latest): resume from another step"
             )
-        cursor: dict[str, Any] = torch.load(path, weights_only=False)
+        cursor: dict[str, Any] = load_file(target, name, map_location=None)
         return cursor
 
     def _prune(self) -> None:
-        steps = sorted(self.folder.glob("step-*"))
-        for old in steps[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        for old in self._steps()[: -self.keep]:
+            self.folder.child(old).remove()
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:

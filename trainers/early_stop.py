@@ -12,16 +12,16 @@ computes alike (evaluation gathers all ranks' predictions): the ranks stop toget
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from flow.errors import ConfigError
+from flow.storage import Location
 from flow.training import EarlyStopOn
+from trainers.checkpoint import load_file, save_file
 
 __all__ = ["Best", "EarlyStop"]
 
@@ -39,7 +39,12 @@ class EarlyStop:
     """Decides after each evaluation whether to go on, and keeps the best model's weights."""
 
     def __init__(
-        self, patience: int, on: EarlyStopOn, folder: Path | None = None, *, writer: bool = True
+        self,
+        patience: int,
+        on: EarlyStopOn,
+        folder: Location | None = None,
+        *,
+        writer: bool = True,
     ) -> None:
         self.patience = patience
         self.on = on
@@ -100,25 +105,23 @@ class EarlyStop:
         self.stale = int(state["stale"])
         self._weights = None  # read from best/ when needed
 
-    def _path(self) -> Path | None:
-        return None if self.folder is None else self.folder / "best" / "model.pt"
+    def _where(self) -> Location | None:
+        return None if self.folder is None else self.folder.child("best")
 
     def _save(self) -> None:
-        path = self._path()
-        if path is None or self.best is None or not self.writer:
+        where = self._where()
+        if where is None or self.best is None or not self.writer:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")
-        torch.save({"model": self._weights, "best": vars(self.best)}, temporary)
-        os.replace(temporary, path)
+        save_file({"model": self._weights, "best": vars(self.best)}, where, "model.pt")
 
     def _load(self) -> dict[str, torch.Tensor]:
-        path = self._path()
-        if path is None or not path.exists():
+        where = self._where()
+        if where is None or not where.exists("model.pt"):
             raise ConfigError(
                 f"the best model of step {self.best.step if self.best else '?'} is not in "
-                f"{path}: was the checkpoint folder's best/ removed? Train again with --fresh"
+                f"{where}/model.pt: was the checkpoint folder's best/ removed? Train again "
+                "with --fresh"
             )
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = load_file(where, "model.pt")
         weights: dict[str, torch.Tensor] = saved["model"]
         return weights

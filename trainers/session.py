@@ -18,7 +18,6 @@ import copy
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from flow.errors import ConfigError
 from flow.handoff import Channel
+from flow.storage import Location
 from flow.tracking import Run
 from flow.training import TrainConfig
 from trainers.checkpoint import Checkpointer, differences
@@ -138,7 +138,7 @@ class Session:
             EarlyStop(
                 config.early_stop,
                 config.early_stop_on,
-                config.checkpoint_dir,
+                self.checkpoints.folder if self.checkpoints else None,
                 writer=self.leader,
             )
             if config.early_stop
@@ -236,7 +236,7 @@ class Session:
         self.say(f"resumed from the checkpoint of step {self.step} in {folder}")
         return self.step
 
-    def _check_left(self, state: dict[str, Any], folder: Path) -> None:
+    def _check_left(self, state: dict[str, Any], folder: Location) -> None:
         """Refuse to resume a run with nothing left to read (its epochs, or the channels it
         followed until they closed): it would train on nothing and report the finished run's
         model as a new result."""

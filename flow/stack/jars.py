@@ -76,6 +76,8 @@ class JarProfile:
     """Leave out every module pyspark's own ``jars/`` folder already has."""
     driver_classpath: tuple[str, ...] = ()
     """Artifact names that must also sit on the JVM's system classpath (JDBC drivers)."""
+    transitive: bool = True
+    """False: the coordinates' own jars only, none of their dependencies."""
     purpose: str = ""
 
 
@@ -105,9 +107,15 @@ PROFILES: dict[str, JarProfile] = {
         ),
         JarProfile(
             name="spark-s3",
-            coordinates=(Coordinate("org.apache.iceberg", "iceberg-aws-bundle", versions.ICEBERG),),
-            exclude_spark_provided=True,
-            purpose="Iceberg S3FileIO for object-store warehouses (REST catalog on S3)",
+            coordinates=(
+                Coordinate("org.apache.iceberg", "iceberg-aws-bundle", versions.ICEBERG),
+                Coordinate("org.apache.hadoop", "hadoop-aws", versions.HADOOP),
+                Coordinate("software.amazon.awssdk", "s3-transfer-manager", versions.AWS_SDK),
+            ),
+            # The bundle carries the AWS SDK S3A needs; hadoop-aws's POM would add the 600 MB
+            # SDK bundle and Hadoop itself, which pyspark has.
+            transitive=False,
+            purpose="S3: Iceberg's S3FileIO and Hadoop's S3A (checkpoints) for s3:// locations",
         ),
         JarProfile(
             name="kafka",
@@ -177,7 +185,9 @@ def ivy_module_xml(profile: JarProfile, provided: Iterable[str] = ()) -> str:
     for c in profile.coordinates:
         lines.append(
             f"    <dependency org={quoteattr(c.group)} name={quoteattr(c.artifact)} "
-            f'rev={quoteattr(c.version)} conf="default->default"/>'
+            f'rev={quoteattr(c.version)} conf="default->default"'
+            + ("" if profile.transitive else ' transitive="false"')
+            + "/>"
         )
     # Ivy's schema wants every <exclude> before any <override>.
     lines.append('    <exclude org="*" module="*" type="test-jar"/>')
@@ -240,11 +250,14 @@ def _sha256(path: Path) -> str:
 
 def _request(profile: JarProfile, provided: list[str]) -> dict[str, object]:
     """What a manifest must match for its jars to be reused."""
-    return {
+    request: dict[str, object] = {
         "coordinates": [str(c) for c in profile.coordinates],
         "overrides": [str(c) for c in profile.overrides],
         "excluded_spark_modules": hashlib.sha256("\n".join(provided).encode()).hexdigest(),
     }
+    if not profile.transitive:  # (the key only when set: caches made before it stay valid)
+        request["transitive"] = False
+    return request
 
 
 def _load_current(folder: Path, request: dict[str, object], verify: bool) -> list[Path] | None:

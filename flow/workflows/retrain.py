@@ -196,7 +196,7 @@ def _train(channel: Channel, after: int, settings: RetrainSettings, parent: str)
             parent_run_id=parent,
             experiment=f"retrain-{settings.model_name}",
             result_file=result,
-            checkpoint_dir=Path(folder) / "checkpoints",
+            checkpoint_dir=str(Path(folder) / "checkpoints"),
         )
         # The user's own trainer options (``flow retrain --train "--lr 0.01"``) go on top,
         # read by the trainer's own generated parser.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -23,6 +22,7 @@ import pyspark
 import pytest
 
 from flow.config import StackConfig
+from flow.storage import namespace_locations
 from tests.support import free_ports, handoff_rows, run_flow
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -160,7 +160,7 @@ def test_a_live_stage_on_the_cluster_with_a_trainer_following_writes_what_a_loca
     here_at, there_at = tmp_path / "local", tmp_path / "cluster"
     _job(local, stream, stack_env, here_at, states, "--no-tracking")
     # The same checkpoint folder would resume where the local run ended: a new one.
-    shutil.rmtree(running_stack.checkpoints / namespace)
+    namespace_locations(running_stack, namespace).checkpoints.remove()
     train = f"--namespace {namespace} --channel live --max-steps 5 --batch-size 256"
     on_cluster = ["run", "--train", train, "--master", cluster, *DRIVER]
     said = _job(on_cluster, stream, stack_env, there_at, states)

@@ -83,7 +83,7 @@ def test_a_config_survives_its_json_file(
         optim=OptimConfig(lr=lr),
         mix=dict.fromkeys(channels, 1.0),
         bf16=bf16,
-        checkpoint_dir=Path(checkpoints) if checkpoints else None,
+        checkpoint_dir=checkpoints or None,
     )
     path = save_config(config, tmp_path_factory.mktemp("cfg") / "run.json")
     assert load_config(path) == config
@@ -148,10 +148,11 @@ def test_the_namespace_decides_the_handoff_and_checkpoints(tmp_path: Path) -> No
     config = TrainConfig(channels=("backfill", "live"), namespace="ctr").resolved(stack)
     assert config.location == f"{stack.handoff}/ctr"
     assert config.checkpoint_dir is not None
-    assert config.checkpoint_dir.parent == stack.checkpoints / "ctr" / "trainer" / "backfill-live"
-    assert config.checkpoint_dir.name.startswith("dlrm-")
-    given = TrainConfig(channels=("x",), handoff="/data/h", checkpoint_dir=tmp_path).resolved(stack)
-    assert (given.handoff, given.checkpoint_dir) == ("/data/h", tmp_path)
+    folder = Path(config.checkpoint_dir)
+    assert folder.parent == Path(stack.checkpoints) / "ctr" / "trainer" / "backfill-live"
+    assert folder.name.startswith("dlrm-")
+    given = TrainConfig(channels=("x",), handoff="/data/h", checkpoint_dir=str(tmp_path))
+    assert (given.resolved(stack).handoff, given.checkpoint_dir) == ("/data/h", str(tmp_path))
     with pytest.raises(ConfigError, match="not set"):
         _ = TrainConfig(channels=("x",)).location
 
@@ -159,7 +160,7 @@ def test_the_namespace_decides_the_handoff_and_checkpoints(tmp_path: Path) -> No
 def test_a_run_with_other_settings_gets_its_own_checkpoint_folder(tmp_path: Path) -> None:
     stack = StackConfig.from_env(stack_env_for(tmp_path))
 
-    def folder(**changes: Any) -> Path | None:
+    def folder(**changes: Any) -> str | None:
         return TrainConfig(channels=("live",), **changes).resolved(stack).checkpoint_dir
 
     assert folder() == folder(epochs=3, max_steps=10, device="cpu", log_every=1)  # how long, where
@@ -171,7 +172,7 @@ def test_a_run_with_other_settings_gets_its_own_checkpoint_folder(tmp_path: Path
         folder(handoff=str(tmp_path / "elsewhere")),
     ]
     assert len({folder(), *others}) == 1 + len(others)
-    assert folder(model=ModelConfig("deepfm")).name.startswith("deepfm-")  # type: ignore[union-attr]
+    assert Path(str(folder(model=ModelConfig("deepfm")))).name.startswith("deepfm-")
 
 
 def test_a_namespace_goes_into_the_path_of_a_uri_with_options(tmp_path: Path) -> None:
@@ -185,7 +186,7 @@ def test_a_namespace_goes_into_the_path_of_a_uri_with_options(tmp_path: Path) ->
     assert where.handoff.uri == f"s3://lake/handoff/ctr?{query}"
     assert where.handoff.path == "lake/handoff/ctr"
     assert where.feature_state.uri == f"s3://lake/state/ctr?{query}"
-    assert where.checkpoints.path == str(stack.checkpoints / "ctr")
+    assert where.checkpoints.uri == f"s3://lake/checkpoints/ctr?{query}"  # beside the handoff
     trainer = TrainConfig(channels=("live",), namespace="ctr").resolved(stack)
     assert trainer.location == f"s3://lake/handoff/ctr?{query}"
     with pytest.raises(ConfigError, match="plain name"):

@@ -86,7 +86,7 @@ def test_the_guide_s_criteo_example_trains_and_evaluates_on_the_later_rows(
         batch_size=256,
         device="cpu",
         tracking=False,
-        checkpoint_dir=tmp_path / "checkpoints",
+        checkpoint_dir=str(tmp_path / "checkpoints"),
     )
     result = train(config, say=lambda _: None)
     assert result.rows == 3000

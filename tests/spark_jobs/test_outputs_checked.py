@@ -36,7 +36,7 @@ def test_each_stage_checks_what_it_writes(tmp_path: Path) -> None:
     assert "FLOW_FEATURE_STATE" not in settings(stage_outputs(stack, backfill, stage, fits=False))
     streaming = ctr_streaming()
     live = stage_outputs(stack, streaming, streaming.stage("live", LiveStage), fits=False)
-    assert settings(live) == ["FLOW_HANDOFF", "FLOW_HOME", "FLOW_WAREHOUSE"]
+    assert settings(live) == ["FLOW_HANDOFF", "FLOW_CHECKPOINTS", "FLOW_WAREHOUSE"]
     assert live[1][0].uri == f"{stack.home}/checkpoints/ctr/ctr_streaming/live"
     elsewhere = replace(backfill, output=HandoffOutput("/x"))
     assert settings(stage_outputs(stack, elsewhere, stage, fits=False))[0] == (

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from flow.errors import ConfigError
+from flow.storage import location
 from flow.training import ModelConfig, OptimConfig, TrainConfig
 from tests.trainers.channels import write
 from tests.trainers.test_train import config
@@ -50,10 +51,10 @@ def test_log_loss_improves_downwards() -> None:
 
 
 def test_the_best_survives_in_the_checkpoint_folder(tmp_path: Path) -> None:
-    early = EarlyStop(patience=3, on="auc", folder=tmp_path)
+    early = EarlyStop(patience=3, on="auc", folder=location(str(tmp_path)))
     early.update(5, {"auc": 0.8}, weights(7.0))
     early.update(6, {"auc": 0.7}, weights(8.0))
-    again = EarlyStop(patience=3, on="auc", folder=tmp_path)
+    again = EarlyStop(patience=3, on="auc", folder=location(str(tmp_path)))
     again.load_state_dict(early.state_dict())
     assert again.stale == 1
     model = weights(0.0)

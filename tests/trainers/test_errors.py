@@ -57,7 +57,7 @@ def test_an_unwritable_checkpoint_folder_is_refused_before_reading(tmp_path: Pat
         handoff=str(tmp_path / "no-handoff"),
         device="cpu",
         tracking=False,
-        checkpoint_dir=blocker / "ckpt",
+        checkpoint_dir=str(blocker / "ckpt"),
     )
     with pytest.raises(ConfigError, match=rf"^--checkpoint-dir: cannot write to {blocker}/ckpt"):
         train(cfg, say=lambda _: None)

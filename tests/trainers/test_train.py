@@ -45,7 +45,10 @@ def config(root: Path, **changes: object) -> TrainConfig:
         "checkpoint_dir": root / "checkpoints",
         "checkpoint_every": 5,
     }
-    return TrainConfig(**(base | changes))  # type: ignore[arg-type]
+    given = base | changes
+    if isinstance(given["checkpoint_dir"], Path):  # the setting is a path or a URI: a str
+        given["checkpoint_dir"] = str(given["checkpoint_dir"])
+    return TrainConfig(**given)  # type: ignore[arg-type]
 
 
 def audit(folder: Path) -> np.ndarray:

@@ -28,7 +28,7 @@ def test_the_trainer_follows_the_named_channels_of_its_namespace(tmp_path: Path)
     assert given.model.name == "deepfm"
     assert given.handoff == launch.handoff
     assert given.checkpoint_dir is not None
-    assert given.checkpoint_dir.parent == stack.checkpoints / "ctr" / "trainer" / "live"
+    assert Path(given.checkpoint_dir).parent == Path(stack.checkpoints) / "ctr" / "trainer" / "live"
     Writer(launch.handoff, "live")
     launch.close_channels()
     assert (Path(launch.handoff) / "live" / "_closed").exists()
