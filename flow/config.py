@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AliasGenerator, BeforeValidator, Field, ValidationError
 from pydantic_settings import (
@@ -229,15 +229,20 @@ ENV_VARS: Mapping[str, str] = {
 _FIELD_OF = {_variable(name): name for name in _Environment.model_fields}
 
 
+def _says_of(name: str) -> _Says:
+    """The field's :class:`_Says`, also from inside an optional type (``_Flag | None``)."""
+    field_info = _Environment.model_fields[name]
+    inner = (getattr(arg, "__metadata__", ()) for arg in get_args(field_info.annotation))
+    found = [*field_info.metadata, *(m for metadata in inner for m in metadata)]
+    return next((m for m in found if isinstance(m, _Says)), _Says({}))
+
+
 def _config_error(error: ValidationError) -> ConfigError:
     """pydantic's report as our message: each bad variable by name, with what to write."""
     lines = []
     for problem in error.errors():
         name = _FIELD_OF.get(str(problem["loc"][0]), str(problem["loc"][0]))
-        says = next(
-            (m for m in _Environment.model_fields[name].metadata if isinstance(m, _Says)),
-            _Says({}),
-        )
+        says = _says_of(name)
         context: Mapping[str, Any] = problem.get("ctx") or {}
         template = says.messages.get(problem["type"], "{variable}={value!r}: {reason}")
         lines.append(

@@ -24,12 +24,14 @@ from pathlib import Path
 import pyarrow as pa
 from pyarrow import fs as pafs
 
-from flow.config import S3Config, StackConfig, is_s3
+from flow.config import CatalogConfig, S3Config, StackConfig, is_s3
 from flow.errors import ConfigError
 
 __all__ = [
     "Location",
     "NamespaceLocations",
+    "check_storage",
+    "check_warehouse",
     "location",
     "namespace_locations",
     "s3_filesystem",
@@ -37,7 +39,7 @@ __all__ = [
 
 
 #: How S3 clients say what is wrong (lower case), for an error that names the fix.
-_NO_BUCKET = ("nosuchbucket", "bucket does not exist")
+_NO_BUCKET = ("nosuchbucket", "bucket does not exist", "not found. to create buckets")
 _UNREACHABLE = ("couldn't connect", "could not connect", "resolve host", "connection refused",
                 "curlcode: 7", "curlcode: 6", "timed out")  # fmt: skip
 _DENIED = ("accessdenied", "access denied", "forbidden", "403", "invalidaccesskeyid",
@@ -133,7 +135,7 @@ class Location:
             self.fs.delete_file(probe)
         except (OSError, pa.ArrowException) as exc:
             raise ConfigError(
-                f"{setting}: cannot write to {_shown(self.uri)} {self._why(exc, setting)}"
+                f"{setting}: cannot write to {_shown(self.uri)}{self._why(exc, setting)}"
             ) from exc
 
     def _why(self, exc: BaseException, setting: str) -> str:
@@ -141,7 +143,7 @@ class Location:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         if not isinstance(self.fs, pafs.S3FileSystem):
             return (
-                f"({reason}); set {setting} to a location this process can write, or fix its "
+                f" ({reason}); set {setting} to a location this process can write, or fix its "
                 "permissions"
             )
         bucket = self.path.split("/", 1)[0]
@@ -162,7 +164,17 @@ class Location:
                 f": access to bucket {bucket!r} at {endpoint} is denied; check "
                 f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket's policy ({reason})"
             )
-        return f"({reason}); check FLOW_S3_ENDPOINT, FLOW_S3_REGION and the AWS credentials"
+        return f" ({reason}); check FLOW_S3_ENDPOINT, FLOW_S3_REGION and the AWS credentials"
+
+    def check_readable(self, setting: str) -> None:
+        """Raise a ConfigError naming ``setting`` unless this folder can be listed (it may not
+        exist yet): for readers, which need not be allowed to write."""
+        try:
+            self.fs.get_file_info(self.path)
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(
+                f"{setting}: cannot read {_shown(self.uri)}{self._why(exc, setting)}"
+            ) from exc
 
     def read_bytes(self, name: str) -> bytes:
         with self.fs.open_input_stream(f"{self.path}/{name}") as src:
@@ -276,3 +288,40 @@ def namespace_locations(stack: StackConfig, namespace: str) -> NamespaceLocation
         checkpoints=location(stack.checkpoints, stack.s3).child(namespace),
         feature_state=location(stack.feature_state, stack.s3).child(namespace),
     )
+
+
+_checked: set[tuple[str, str]] = set()
+
+
+def check_storage(stack: StackConfig, *settings: str) -> None:
+    """Probe each of the stack's roots in S3 named by ``settings`` (default: all of them) once
+    per process, with a PUT and a DELETE: a missing bucket, an endpoint that cannot be reached
+    or refused credentials is one line naming the setting and the fix before any work, not an
+    ``OSError`` after the read or the fit.
+
+    The warehouse is probed with the stack's S3 settings only where FLOW_CATALOG_PROPERTIES
+    gives none of its own (``s3.*``), which Iceberg would then use instead.
+    """
+    roots = {
+        "FLOW_WAREHOUSE": stack.catalog.warehouse,
+        "FLOW_HANDOFF": stack.handoff,
+        "FLOW_CHECKPOINTS": stack.checkpoints,
+        "FLOW_FEATURE_STATE": stack.feature_state,
+    }
+    for setting in settings or tuple(roots):
+        if setting == "FLOW_WAREHOUSE":
+            check_warehouse(stack.catalog)
+        else:
+            _probe_once(setting, roots[setting], stack.s3)
+
+
+def check_warehouse(catalog: CatalogConfig) -> None:
+    """:func:`check_storage` of the catalog's warehouse alone (pyiceberg's ``open_catalog``)."""
+    if not any(key.startswith("s3.") for key in catalog.properties):
+        _probe_once("FLOW_WAREHOUSE", catalog.warehouse, catalog.s3)
+
+
+def _probe_once(setting: str, uri: str, s3: S3Config) -> None:
+    if is_s3(uri) and (setting, uri) not in _checked:
+        location(uri, s3).check_writable(setting)
+        _checked.add((setting, uri))

@@ -30,7 +30,7 @@ from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.pipeline.model import BackfillStage, Enrich, HandoffOutput, LiveStage, Pipeline, Stage
 from flow.pipeline.state import FeatureState, states_location
-from flow.storage import Location, location, namespace_locations
+from flow.storage import Location, check_storage, location, namespace_locations
 from spark_jobs.joins import enrich
 from spark_jobs.report import StageReport
 from spark_jobs.rows import channel_for, dead_letter_table
@@ -127,6 +127,7 @@ def check_outputs(
 ) -> None:
     """A ConfigError naming the setting to change unless ``stage`` can write every location it
     writes (a probe file, written and deleted, in each)."""
+    check_storage(stack, "FLOW_WAREHOUSE")  # the tables it reads and writes, if in S3
     for where, setting in stage_outputs(stack, pipeline, stage, fits=fits):
         where.check_writable(setting)
 

@@ -7,7 +7,9 @@ session gets a temporary ``FLOW_HOME`` and free ports. The JVM jar cache is shar
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -40,30 +42,58 @@ def running_stack(stack: StackConfig) -> Iterator[StackConfig]:
         services.down(stack)
 
 
-@pytest.fixture(scope="session")
-def s3_uri() -> Iterator[str]:
-    """An S3-compatible server (moto's) on 127.0.0.1 with a bucket; the URI of a folder in it.
+@dataclass(frozen=True)
+class S3Server:
+    """An S3-compatible server (moto's) on 127.0.0.1, with buckets ``handoff``, ``lake`` and
+    ``flow``."""
 
-    pyarrow's S3 client talks to it over HTTP as it would to S3 or MinIO.
-    """
+    endpoint: str
+    """``http://127.0.0.1:PORT``"""
+    port: int
+
+    def env(self) -> dict[str, str]:
+        """The S3 settings a stack needs to use it (any key is accepted)."""
+        return {
+            "FLOW_S3_ENDPOINT": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+        }
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One S3-compatible server for the session: pyarrow, pyiceberg, Iceberg's S3FileIO and
+    Hadoop's S3A talk to it over HTTP as they would to S3 or MinIO."""
     from moto.server import ThreadedMotoServer
     from pyarrow import fs as pafs
 
     from tests.support import free_ports
 
+    # A line per request would bury a failing test's own log.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     (port,) = free_ports(1)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
         s3 = pafs.S3FileSystem(
-            endpoint_override=f"http://127.0.0.1:{port}",
+            endpoint_override=f"127.0.0.1:{port}",
             scheme="http",
             access_key="test",
             secret_key="test",
             region="us-east-1",
             allow_bucket_creation=True,
         )
-        s3.create_dir("handoff")
-        yield f"s3://test:test@handoff/root?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+        for bucket in ("handoff", "lake", "flow"):
+            s3.create_dir(bucket)
+        yield S3Server(f"http://127.0.0.1:{port}", port)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_uri(s3_server: S3Server) -> str:
+    """The URI of a folder on the session's S3 server, its options and credentials in it."""
+    return (
+        f"s3://test:test@handoff/root?endpoint_override=127.0.0.1:{s3_server.port}"
+        "&scheme=http&region=us-east-1"
+    )

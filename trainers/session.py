@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from flow.errors import ConfigError
 from flow.handoff import Channel
-from flow.storage import Location
+from flow.storage import Location, location
 from flow.tracking import Run
 from flow.training import TrainConfig
 from trainers.checkpoint import Checkpointer, differences
@@ -128,6 +128,8 @@ class Session:
             self.checkpoints.check_writable()  # before waiting for channels or building anything
             if config.fresh:
                 self.checkpoints.clear()
+        # Before waiting for channels: an unreachable store is an error, not a channel to wait for.
+        location(config.location).check_readable("--handoff (FLOW_HANDOFF)")
         torch.manual_seed(config.seed)
         wait_for(config, self.say)
         self.layout = layout_of(config)

@@ -15,6 +15,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
 from flow.config import CatalogConfig, S3Config, is_s3
+from flow.storage import check_warehouse
 
 __all__ = ["open_catalog", "pyiceberg_properties", "s3_properties"]
 
@@ -52,7 +53,9 @@ def pyiceberg_properties(config: CatalogConfig) -> dict[str, str]:
 
 
 def open_catalog(config: CatalogConfig) -> Catalog:
-    """Open the shared catalog with pyiceberg (creating the SQLite schema on first use)."""
+    """Open the shared catalog with pyiceberg (creating the SQLite schema on first use); a
+    warehouse in S3 is probed first (:func:`flow.storage.check_warehouse`)."""
+    check_warehouse(config)
     props = pyiceberg_properties(config)
     if config.type == "sql":
         config.sqlite_path.parent.mkdir(parents=True, exist_ok=True)

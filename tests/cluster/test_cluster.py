@@ -22,7 +22,8 @@ import pyspark
 import pytest
 
 from flow.config import StackConfig
-from flow.storage import namespace_locations
+from flow.storage import location, namespace_locations
+from tests.conftest import S3Server
 from tests.support import free_ports, handoff_rows, run_flow
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -169,3 +170,62 @@ def test_a_live_stage_on_the_cluster_with_a_trainer_following_writes_what_a_loca
     assert "reconcile" in output
     assert "channel live:" in output, output[-3000:]
     _assert_same_channel(here_at / namespace, there_at / namespace, "live", 2500)
+
+
+def test_history_backfill_live_and_trainer_all_on_s3_with_the_cluster(
+    cluster: str,
+    running_stack: StackConfig,
+    stack_env: dict[str, str],
+    s3_server: S3Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Warehouse, handoff, feature states and checkpoints (the stream's state stores, written
+    by the cluster's executors, and the trainer's) in S3, configured once (FLOW_S3_ENDPOINT and
+    the AWS variables): the backfill and the live stage run on the cluster, the trainer follows
+    the live channel from S3, every shard verifies and the counts reconcile."""
+    namespace = f"s3{uuid.uuid4().hex[:6]}"
+    env = {
+        **stack_env,
+        **s3_server.env(),
+        "FLOW_WAREHOUSE": f"s3://lake/{namespace}",
+        "FLOW_CATALOG_URI": str(tmp_path / "catalog.db"),
+        "FLOW_HANDOFF": "s3://flow/handoff",
+        "FLOW_FEATURE_STATE": "s3://flow/feature-state",
+    }
+    history = ["generate", "history", "--namespace", namespace, "--days", "1", "--per-day", "2000"]
+    assert run_flow(history, env).returncode == 0
+    backfill, stream = tmp_path / "backfill.py", tmp_path / "stream.py"
+    backfill.write_text(PIPELINE.format(namespace=namespace))
+    stream.write_text(STREAM.format(namespace=namespace))
+
+    def on_cluster(*launch: str, app: Path, after: tuple[str, ...] = ()) -> str:
+        argv = [*launch, "--master", cluster, *DRIVER, str(app), *after]
+        done = run_flow(argv, env, timeout=900)
+        said = done.stdout + done.stderr
+        assert done.returncode == 0, said[-4000:]
+        assert "reconcile" in said, said[-3000:]
+        return said
+
+    on_cluster("submit", app=backfill, after=("--no-tracking",))
+    sent = ["generate", "stream", "--namespace", namespace, "--count", "2000"]
+    assert run_flow(sent, env).returncode == 0
+    train = f"--namespace {namespace} --channel live --max-steps 5 --batch-size 256"
+    said = on_cluster("run", "--train", train, app=stream)
+    assert "channel live:" in said, said[-3000:]
+
+    for channel in ("backfill", "live"):
+        verified = run_flow(["handoff", "verify", namespace, channel], env)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        said = verified.stdout + verified.stderr
+        assert " 0 damaged, 0 missing commits, 0 orphan shards, 0 row count mismatches" in said
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    handoff = f"s3://flow/handoff/{namespace}"
+    assert handoff_rows(handoff, "backfill").num_rows == 2000
+    assert handoff_rows(handoff, "live").num_rows > 1500
+    checkpoints = location(f"s3://flow/checkpoints/{namespace}")
+    stage = checkpoints.child("ctr_streaming", "live", "stream")
+    assert {"commits", "offsets", "state"} <= set(stage.list(folders=True))
+    assert checkpoints.child("trainer", "live").list(folders=True)  # the trainer's, in S3 too
+    assert not (running_stack.home / "checkpoints" / namespace).exists()
