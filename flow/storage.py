@@ -77,7 +77,7 @@ class Location:
         if self._local():
             return self.path
         if isinstance(self.fs, pafs.S3FileSystem):
-            if "?" in self.uri or "@" in self.uri.partition("://")[2].partition("/")[0]:
+            if _own_options(self.uri):
                 raise ConfigError(
                     f"{_shown(self.uri)}: Spark cannot read S3 options or credentials written in "
                     "a URI; give the plain s3://bucket/path and set FLOW_S3_ENDPOINT, "
@@ -209,6 +209,11 @@ class Location:
         return self.uri
 
 
+def _own_options(uri: str) -> bool:
+    """Whether ``uri`` carries its own options or credentials (``s3://k:s@b/p?region=...``)."""
+    return "?" in uri or "@" in uri.partition("://")[2].partition("/")[0]
+
+
 def _shown(uri: str) -> str:
     """``uri`` without credentials (``s3://key:secret@bucket/...``): fit for a message."""
     return re.sub(r"://[^/@]*@", "://", uri)
@@ -253,8 +258,7 @@ def location(uri_or_path: str, s3: S3Config | None = None) -> Location:
     if "://" not in uri_or_path:
         path = str(Path(uri_or_path).expanduser().resolve())
         return Location(pafs.LocalFileSystem(), path, path)
-    own_options = "?" in uri_or_path or "@" in uri_or_path.split("://", 1)[1].split("/", 1)[0]
-    if is_s3(uri_or_path) and not own_options:
+    if is_s3(uri_or_path) and not _own_options(uri_or_path):
         path = uri_or_path.split("://", 1)[1].rstrip("/")
         config = s3 or _s3_config()
         return Location(s3_filesystem(config), path, f"s3://{path}", config)
