@@ -17,6 +17,12 @@ COPY trainers/ trainers/
 COPY pipelines/ pipelines/
 RUN pip install --no-cache-dir -c requirements/constraints.txt '.[spark,prod]'
 
+# Containers run as `flow`, not root. The folders it writes are made here, owned by it, so a
+# named volume mounted on one of them starts with that owner (compose copies it on first use).
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /var/lib/flow flow \
+ && install -d -o flow -g flow /var/lib/flow /lake /opt/primus-flow/jars
+USER flow
+
 ENV FLOW_HOME=/var/lib/flow \
     FLOW_JAR_CACHE=/opt/primus-flow/jars \
     PYTHONUNBUFFERED=1

@@ -17,6 +17,11 @@ COPY trainers/ trainers/
 COPY pipelines/ pipelines/
 RUN pip install --no-cache-dir -c requirements/constraints.txt '.[train,prod]'
 
+# As in spark.Dockerfile: a `flow` user owning the folders it writes.
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /var/lib/flow flow \
+ && install -d -o flow -g flow /var/lib/flow
+USER flow
+
 ENV FLOW_HOME=/var/lib/flow \
     PYTHONUNBUFFERED=1
 ENTRYPOINT ["tini", "--", "python", "-m", "trainers"]

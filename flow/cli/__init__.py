@@ -15,6 +15,7 @@
     flow handoff ls | show | verify | close | retire | drop
                                          handoff channels (see flow/cli/channels.py)
     flow bench NAME [args]               benchmarks/NAME.py on the local stack
+    flow compose check [FILE]            each service's settings in a compose file, checked
     flow --debug COMMAND ...             errors with their traceback (also FLOW_DEBUG=1)
 
 Heavy imports (pyiceberg, MLflow, Kafka clients) happen inside the commands that need them, so
@@ -28,7 +29,7 @@ import sys
 
 import click
 
-from flow.cli import channels, data, ingest, jobs, lifecycle, local
+from flow.cli import channels, data, deploy, ingest, jobs, lifecycle, local
 from flow.console import DEBUG_ENV, DEBUG_FLAG
 
 __all__ = ["main"]
@@ -67,6 +68,7 @@ for command in (
     lifecycle.schedule,
     lifecycle.insight,
     channels.handoff,
+    deploy.compose,
 ):
     main.add_command(command)
 
