@@ -56,6 +56,29 @@ def _quoted(value: Column) -> Column:
     return F.concat(F.lit("'"), snippet, more, F.lit("'"))
 
 
+#: Spark's documented timestamp range, 0001-01-01 up to 10000-01-01, in seconds since 1970.
+#: Epoch numbers past it are dead letters: converted, a millisecond count past ~9.2e15
+#: overflows a long, which under ANSI mode fails the whole query at every replay of the batch;
+#: seconds past ~9.2e12 saturate to year 294247 without a word; and a time such as year 58059,
+#: which Spark holds, is one Python's datetime (a trainer's, ``collect()``) cannot.
+_FIRST_SECOND, _END_SECOND = -62_135_596_800, 253_402_300_800
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000}
+
+
+def _within_epoch_range(number: Column, unit: str) -> Column:
+    """``number`` (in ``unit`` since 1970) is a time in Spark's range; false for NaN, which
+    Spark orders above every number."""
+    per_second = _PER_SECOND[unit]
+    return (number >= F.lit(_FIRST_SECOND * per_second)) & (
+        number < F.lit(_END_SECOND * per_second)
+    )
+
+
+def _outside_epoch_range(number: Column, unit: str) -> Column:
+    """``number`` is a number (not null or NaN) outside Spark's timestamp range."""
+    return number.isNotNull() & ~F.isnan(number) & ~_within_epoch_range(number, unit)
+
+
 def field_checks(f: Field, typed: Column, raw: Column | None = None) -> list[Column]:
     """Reasons ``f`` is broken (null when it is fine): missing, wrong type, out of range."""
     checks = []
@@ -63,14 +86,16 @@ def field_checks(f: Field, typed: Column, raw: Column | None = None) -> list[Col
         missing = raw.isNull() if raw is not None else typed.isNull()
         checks.append(F.when(missing, F.lit(f"missing required field '{f.name}'")))
     if raw is not None:
+        unreadable = F.lit(f", which is not a {f.type}")
+        if f.epoch is not None:
+            unreadable = F.when(
+                _outside_epoch_range(raw.try_cast("double"), f.epoch),
+                F.lit(f", which is out of range for a timestamp in epoch {f.epoch} (years 1-9999)"),
+            ).otherwise(unreadable)
         checks.append(
             F.when(
                 raw.isNotNull() & typed.isNull(),
-                F.concat(
-                    F.lit(f"field '{f.name}' has value "),
-                    _quoted(raw),
-                    F.lit(f", which is not a {f.type}"),
-                ),
+                F.concat(F.lit(f"field '{f.name}' has value "), _quoted(raw), unreadable),
             )
         )
     shown = typed.cast("string")
@@ -156,7 +181,9 @@ def _typed(f: Field, raw: Column) -> Column:
         return F.from_json(raw, SPARK_TYPES[f.type])
     if f.epoch is not None:  # a number in the declared unit, else ISO-8601 text
         number = raw.try_cast("double" if f.epoch == "s" else "bigint")
-        return F.coalesce(_EPOCH[f.epoch](number), raw.try_cast("timestamp"))
+        # Checked before converting: out of range it is null, a dead letter (field_checks).
+        in_range = F.when(_within_epoch_range(number, f.epoch), number)
+        return F.coalesce(_EPOCH[f.epoch](in_range), raw.try_cast("timestamp"))
     return raw.try_cast(SPARK_TYPES[f.type])
 
 

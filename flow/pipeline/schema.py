@@ -157,7 +157,8 @@ class Field(Definition):
     """The only values allowed (string type)."""
     epoch: Literal["s", "ms", "us"] | None = None
     """A timestamp a Kafka record may give as a number: seconds, milliseconds or microseconds
-    since 1970 (a JSON number or a string of digits). ISO-8601 text is read either way."""
+    since 1970 (a JSON number or a string of digits). ISO-8601 text is read either way. A number
+    outside Spark's timestamps (years 1 to 9999) makes the record a dead letter."""
 
     def __post_init__(self) -> None:
         check_identifier(self.name, "Field.name")

@@ -75,3 +75,9 @@ def test_local_python_workers_use_the_lean_daemon_only_when_they_run_this_python
     assert "spark.python.daemon.module" in session_conf(stack, local=True)
     monkeypatch.setenv("PYSPARK_PYTHON", "/opt/other/python3")
     assert "spark.python.daemon.module" not in session_conf(stack, local=True)
+
+
+def test_every_master_gets_the_jit_sized_codegen_limit(tmp_path: Path) -> None:
+    stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
+    for local in (True, False):  # HotSpot's limit is the same on a cluster's executors
+        assert session_conf(stack, local=local)["spark.sql.codegen.hugeMethodLimit"] == "8000"

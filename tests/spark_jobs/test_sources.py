@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
 import pyarrow as pa
 import pytest
@@ -123,13 +124,16 @@ def test_kafka_times_given_as_epoch_numbers_in_the_declared_unit(spark: SparkSes
     ]
     fields = (Field("id", "long", required=True), Field("ts", "timestamp", epoch="s"))
     parsed = parse_kafka(_kafka_records(spark, values), KafkaSource("t", fields, "ts"), "events")
-    # Year 58864 (row 5) is past what Python's datetime holds: its time is shown, not taken.
-    shown = parsed.withColumn("ts", F.when(F.year("ts") < 9999, F.col("ts")))
-    found = {r["id"]: (r["ts"], r[REASON]) for r in shown.collect()}
+    found = {r["id"]: (r["ts"], r[REASON]) for r in parsed.collect()}
     half = timedelta(seconds=0.5)
     at = now.replace(tzinfo=None)  # Spark hands back naive times in its session zone, UTC
     assert [found[i] for i in (1, 2, 3, 4)] == [(at, ""), (at, ""), (at + half, ""), (at, "")]
-    assert found[5][1].startswith("event time in the future")  # ms read as s: year 58864
+    # Milliseconds read as seconds: year 58059, past Spark's (and Python's) timestamps.
+    assert found[5] == (
+        None,
+        f"field 'ts' has value '{seconds * 1000}', which is out of range for a timestamp in "
+        "epoch s (years 1-9999)",
+    )
     assert found[6][1] == "field 'ts' has value 'yesterday', which is not a timestamp"
 
     millis = (Field("id", "long"), Field("ts", "timestamp", epoch="ms"))
@@ -144,3 +148,55 @@ def test_kafka_times_given_as_epoch_numbers_in_the_declared_unit(spark: SparkSes
     assert (
         parsed.collect()[0][REASON] == f"field 'ts' has value '{seconds}', which is not a timestamp"
     )
+
+
+def test_epoch_numbers_past_the_timestamp_range_are_dead_letters(spark: SparkSession) -> None:
+    """Converted, 9.3e15 ms overflows a long, which (ANSI) failed the query at every replay."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    millis = int(now.timestamp()) * 1000
+    values = [
+        json.dumps({"id": 1, "ts": millis}),
+        json.dumps({"id": 2, "ts": 253_402_300_799_999}),  # the last millisecond of 9999
+        json.dumps({"id": 3, "ts": -62_135_596_800_000}),  # the first of year 1
+        json.dumps({"id": 4, "ts": 9_300_000_000_000_000}),
+        json.dumps({"id": 5, "ts": -9_300_000_000_000_000}),
+        json.dumps({"id": 6, "ts": 2**63 - 1}),
+        json.dumps({"id": 7, "ts": 1e20}),  # past a long: read as a double
+        json.dumps({"id": 8, "ts": 253_402_300_800_000}),  # year 10000
+    ]
+    fields = (Field("id", "long"), Field("ts", "timestamp", epoch="ms"))
+    source = KafkaSource("t", fields, "ts", max_future=None, max_past=None)
+    parsed = parse_kafka(_kafka_records(spark, values), source, "events")
+    # As text: Python's datetime.fromtimestamp, which collect() uses, fails on year 1 itself.
+    parsed = parsed.withColumn("ts", F.col("ts").cast("string"))
+    found = {r["id"]: (r["ts"], r[REASON]) for r in parsed.collect()}
+    assert [found[i] for i in (1, 2, 3)] == [
+        (f"{now:%Y-%m-%d %H:%M:%S}", ""),
+        ("9999-12-31 23:59:59.999", ""),
+        ("0001-01-01 00:00:00", ""),
+    ]
+    assert found[4] == (
+        None,
+        "field 'ts' has value '9300000000000000', which is out of range for a timestamp in "
+        "epoch ms (years 1-9999)",
+    )
+    for i in (5, 6, 7, 8):
+        assert found[i][0] is None
+        assert "which is out of range for a timestamp in epoch ms" in found[i][1], found[i]
+
+    # Seconds saturated to year 294247 without a word; microseconds past 9999 held no error.
+    cases: tuple[tuple[Literal["s", "us"], int], ...] = (("s", 10**13), ("us", 2**63 - 1))
+    for unit, value in cases:
+        fields = (Field("id", "long"), Field("ts", "timestamp", epoch=unit))
+        source = KafkaSource("t", fields, "ts", max_future=None, max_past=None)
+        values = [json.dumps({"id": 1, "ts": value})]
+        ((ts, reason),) = (
+            parse_kafka(_kafka_records(spark, values), source, "events")
+            .select("ts", REASON)
+            .collect()
+        )
+        assert ts is None
+        assert reason == (
+            f"field 'ts' has value '{value}', which is out of range for a timestamp in epoch "
+            f"{unit} (years 1-9999)"
+        )

@@ -26,6 +26,7 @@ print("RESULT " + json.dumps({
     "partitions": spark.conf.get("spark.sql.shuffle.partitions"),
     "catalog": spark.conf.get("spark.sql.catalog.flow.catalog-impl"),
     "tz": spark.conf.get("spark.sql.session.timeZone"),
+    "codegen": spark.conf.get("spark.sql.codegen.hugeMethodLimit"),
     "rows": spark.range(10).count(),
 }))
 """
@@ -42,7 +43,16 @@ def test_flow_submit_keeps_the_users_master_and_conf(
     app = tmp_path / "app.py"
     app.write_text(APP)
     done = run_flow(
-        ["submit", "--master", "local[1]", "--conf", "spark.sql.shuffle.partitions=7", str(app)],
+        [
+            "submit",
+            "--master",
+            "local[1]",
+            "--conf",
+            "spark.sql.shuffle.partitions=7",
+            "--conf",
+            "spark.sql.codegen.hugeMethodLimit=65535",  # the stack's is 8000
+            str(app),
+        ],
         stack_env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -51,6 +61,7 @@ def test_flow_submit_keeps_the_users_master_and_conf(
         "partitions": "7",
         "catalog": "org.apache.iceberg.jdbc.JdbcCatalog",
         "tz": "UTC",
+        "codegen": "65535",
         "rows": 10,
     }
 
@@ -95,6 +106,7 @@ def test_flow_spark_args_make_a_plain_spark_submit_work(
     result = _result(done.stdout)
     assert result["master"] == "local[2]"
     assert result["catalog"] == "org.apache.iceberg.jdbc.JdbcCatalog"
+    assert result["codegen"] == "8000"
 
 
 SECRET_APP = """

@@ -100,6 +100,18 @@ def test_a_cluster_master_gets_no_local_tuning(stack: StackConfig, app: str) -> 
     assert "SPARK_LOCAL_IP" not in launch.env
 
 
+@pytest.mark.parametrize("master", ["local[2]", "spark://m:7077"])
+def test_a_users_conf_wins_over_the_stacks_codegen_limit(
+    stack: StackConfig, app: str, master: str
+) -> None:
+    ours = submit.submit_command(["--master", master, app], stack)
+    assert "spark.sql.codegen.hugeMethodLimit=8000" in _pairs(ours.argv, "--conf")
+    given = "spark.sql.codegen.hugeMethodLimit=65535"
+    theirs = submit.submit_command(["--master", master, "--conf", given, app], stack)
+    limits = [c for c in _pairs(theirs.argv, "--conf") if "hugeMethodLimit" in c]
+    assert limits == [given]
+
+
 def test_spark_submit_runs_the_application_with_this_interpreter(
     stack: StackConfig, app: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -232,6 +244,7 @@ def test_spark_args_for_a_cluster_carry_nothing_that_only_fits_one_machine(
     assert not [key for key in local_only if key in settings]
     assert "--driver-memory" not in options
     assert settings["spark.sql.session.timeZone"] == "UTC"  # the stack's own settings stay
+    assert settings["spark.sql.codegen.hugeMethodLimit"] == "8000"  # HotSpot's limit is portable
     assert "spark.sql.catalog.flow" in settings
     local = dict(c.split("=", 1) for c in _pairs(submit.submit_options(stack), "--conf"))
     assert local["spark.driver.bindAddress"] == "127.0.0.1"
