@@ -42,6 +42,13 @@ _namespace = click.option(
     help="Share of items introduced over 14 days from the history's start; 0: none.",
 )
 @click.option(
+    "--interactions",
+    default=0.0,
+    show_default=True,
+    help="Scale of the click model's device x category and age x price effects, which no "
+    "additive model fits (see SyntheticWorld.interactions); 0: none.",
+)
+@click.option(
     "--append", is_flag=True, help="Add days to existing history instead of replacing it."
 )
 @friendly
@@ -54,6 +61,7 @@ def generate_history(
     seed: int,
     drift: float,
     new_items: float,
+    interactions: float,
     append: bool,
 ) -> None:
     """Users, items and impression/click history in Iceberg (replaced unless --append).
@@ -67,7 +75,14 @@ def generate_history(
 
     stack = stack_config()
     started = time.monotonic()
-    world = SyntheticWorld(seed=seed, users=users, items=items, drift=drift, new_items=new_items)
+    world = SyntheticWorld(
+        seed=seed,
+        users=users,
+        items=items,
+        drift=drift,
+        new_items=new_items,
+        interactions=interactions,
+    )
     report = write_history(
         stack,
         world,
@@ -84,6 +99,7 @@ def generate_history(
         f"{namespace}.* ({time.monotonic() - started:.1f}s); world: drift {report.world.drift}, "
         f"{report.world.new_items:.0%} of items arriving over {report.world.arrival_days:g} days"
         + (f" from {anchor:%Y-%m-%d %H:%M}" if anchor else "")
+        + f", interactions {report.world.interactions:g}"
     )
 
 

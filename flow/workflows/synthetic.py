@@ -4,6 +4,11 @@ The world is seeded and reproducible. Users and items have tastes a model can le
 favourite category, an item's rating, the position on the page, the device); ids follow a Zipf
 law, some values are missing, some clicks come late (beyond the attribution window).
 
+Optionally (``interactions``) the click also depends on pairs of columns in a way no sum of
+per-column effects can fit, and that no cross feature of the example's feature spec carries:
+what a model that learns feature interactions (DLRM, DeepFM, Wide & Deep) should gain over a
+logistic regression.
+
 The world also changes, keyed on absolute event time so that an Iceberg history and a later
 Kafka stream describe one world: each category's appeal rises and falls over hours, and a share
 of the items is introduced over time, pushed and extra appealing while fresh. A model frozen
@@ -64,6 +69,16 @@ FRESH_APPEAL = 1.0
 """Extra logit of an item at its introduction, fading with its freshness."""
 QUALITY = 0.8
 """Spread (standard deviation, on the logit) of an item's appeal that no column shows."""
+DEVICE_CATEGORY = 0.6
+"""Spread (standard deviation, on the logit) of the device x item category effect at
+``interactions=1``."""
+AGE_PRICE = 0.5
+"""Logit per (standard deviation of age) x (standard deviation of log price) at
+``interactions=1``: older users click dear items more, younger ones cheap items."""
+AGE_MEAN, AGE_SD = 36.0, 12.0
+"""How ``users_table`` draws ages (before clipping to 16..90): what standardises them."""
+LOG_PRICE_MEAN, LOG_PRICE_SD = 3.0, 1.0
+"""How ``items_table`` draws log prices: what standardises them."""
 WORLD_PROPERTY = "flow.synthetic.world"
 """The Iceberg table property (on the items table) that records the world a history was
 drawn from, so a later stream continues it."""
@@ -155,6 +170,13 @@ class SyntheticWorld:
     items exist from the start). Impressions draw only items introduced by their time."""
     arrival_days: float = 14.0
     """How long the new items take to arrive, evenly spread, from ``anchor``."""
+    interactions: float = 0.0
+    """Scale of two effects on the logit that are not additive in any column (0: none, the
+    world as before this option). A seeded effect per (device, item category) pair, centred
+    so that it has no per-device or per-category part, of standard deviation
+    ``DEVICE_CATEGORY x interactions``; and ``AGE_PRICE x interactions x z(age) x z(log
+    price)``, z standardising by how the tables draw them (a missing age or price: 0). No
+    cross feature of ``pipelines/ctr.py`` carries either pair, so a model has to learn them."""
     anchor: datetime | None = None
     """When the first new item arrives. ``write_history`` sets it to the start of the history
     it writes and records the world with the items table, so a later stream continues it."""
@@ -170,6 +192,10 @@ class SyntheticWorld:
             raise ConfigError(
                 f"SyntheticWorld.new_items={self.new_items} must be in [0, 1): some items must "
                 "exist from the start"
+            )
+        if self.interactions < 0:
+            raise ConfigError(
+                f"SyntheticWorld.interactions={self.interactions} must be >= 0 (0: none)"
             )
         if self.arrival_days <= 0:
             raise ConfigError(f"SyntheticWorld.arrival_days={self.arrival_days} must be > 0")
@@ -343,6 +369,41 @@ class ClickModel:
         self.period_s = np.exp(rng.uniform(low, high, shape)) * 3600
         self.phase = rng.uniform(0, 2 * np.pi, shape)
         self.introduced = self._introductions(world)
+        self.interactions = world.interactions
+        if self.interactions:
+            self._interaction_tables(users, items, world)
+
+    def _interaction_tables(self, users: pa.Table, items: pa.Table, world: SyntheticWorld) -> None:
+        """What ``interactions`` reads: the device x category table, standardised ages and log
+        prices. A stream of its own, so the rest of the world is the same with or without."""
+        rng = np.random.default_rng([world.seed, 10])
+        table = rng.normal(0.0, 1.0, (len(DEVICES), len(CATEGORIES)))
+        # Centred on both axes: a per-device or per-category mean is a main effect, which a
+        # logistic regression fits; what is left only a model of the pair can.
+        table -= table.mean(axis=0, keepdims=True)
+        table -= table.mean(axis=1, keepdims=True)
+        table *= DEVICE_CATEGORY * world.interactions / table.std()
+        # The last row and column: no device, no category (no effect).
+        self.device_category = np.zeros((len(DEVICES) + 1, len(CATEGORIES) + 1))
+        self.device_category[:-1, :-1] = table
+        age = users.column("age").to_numpy(zero_copy_only=False).astype(np.float64)
+        self.age_z = np.nan_to_num((age - AGE_MEAN) / AGE_SD)
+        price = items.column("price").to_numpy(zero_copy_only=False).astype(np.float64)
+        log_price = np.log(np.maximum(price, 0.01))  # prices are rounded to cents
+        self.price_z = np.nan_to_num((log_price - LOG_PRICE_MEAN) / LOG_PRICE_SD)
+
+    def interaction(
+        self, user_rows: np.ndarray, item_rows: np.ndarray, device: list[Any] | np.ndarray
+    ) -> np.ndarray:
+        """The logit ``interactions`` adds (rows into the sorted users and items tables)."""
+        if not self.interactions:
+            return np.zeros(len(user_rows))
+        dev = _codes(list(device), DEVICES)
+        category = self.category[item_rows]
+        pair = self.device_category[dev, category]  # -1: the last row / column, no effect
+        product = self.age_z[user_rows] * self.price_z[item_rows]
+        total: np.ndarray = pair + AGE_PRICE * self.interactions * product
+        return total
 
     def _introductions(self, world: SyntheticWorld) -> np.ndarray:
         """Each item's introduction time (seconds since the Unix epoch; -inf: from the start)."""
@@ -403,6 +464,8 @@ class ClickModel:
             + self.appeal(category, secs)
             + FRESH_APPEAL * self.freshness(i, secs)
         )
+        if self.interactions:  # not even + 0.0: the world without them stays bit for bit
+            logit = logit + self.interaction(u, i, dev)
         probability: np.ndarray = 1.0 / (1.0 + np.exp(-logit))
         return probability
 

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from flow.cli import main
+from flow.config import StackConfig
 from flow.workflows import loading
 from tests.support import stack_env_for
 
@@ -53,6 +54,17 @@ def test_a_realtime_stream_continues_the_history_s_world(
     assert "click delay: exponential, mean 45s; 4% late (36-90 min" in said(done.output)
     valid = [json.loads(p) for p in impressions if p.startswith(b"{")]
     assert all(0 < r["p_click"] < 1 for r in valid)
+
+
+def test_history_records_the_world_s_interactions(tmp_path: Path) -> None:
+    env = stack_env_for(tmp_path)
+    history = ["generate", "history", "--days", "1", "--per-day", "200", "--users", "50"]
+    static = ["--items", "30", "--drift", "0", "--new-items", "0", "--interactions", "1.5"]
+    done = CliRunner().invoke(main, [*history, *static], env=env)
+    assert done.exit_code == 0, done.output
+    assert "interactions 1.5" in said(done.output)
+    world = loading.dimensions(StackConfig.from_env(env)).world
+    assert (world.interactions, world.drift, world.new_items) == (1.5, 0.0, 0.0)
 
 
 def test_realtime_and_back_dated_options_do_not_mix(tmp_path: Path) -> None:
