@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -37,12 +36,9 @@ def check(file: Path, env_file: Path | None, quiet: bool) -> None:
     it: accepted settings, every location in the file's S3 store with one S3 configuration,
     buckets created, hosts that are services. Exit 1 on a problem. No Docker engine needed."""
     from flow.stack.compose import check as check_services
-    from flow.stack.compose import read_env_file, render
+    from flow.stack.compose import compose_variables, render
 
-    variables = None
-    if env_file is not None:
-        variables = {**read_env_file(env_file), **os.environ}
-    services = render(file, variables)
+    services = render(file, compose_variables(file, env_file))
     if not quiet:
         for service in services:
             if not service.runs_flow:

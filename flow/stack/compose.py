@@ -36,6 +36,7 @@ from flow.secrets import REDACTED, is_secret_key
 __all__ = [
     "Service",
     "check",
+    "compose_variables",
     "interpolate",
     "read_compose",
     "read_env_file",
@@ -204,14 +205,20 @@ def _command(raw: Any) -> list[str]:
     return shlex.split(raw) if isinstance(raw, str) else [str(word) for word in raw]
 
 
+def compose_variables(path: Path, env_file: Path | None = None) -> dict[str, str]:
+    """compose's variables for the file at ``path``: ``env_file`` (default: the ``.env``
+    beside it, if any) under the shell's."""
+    env_file = env_file or path.parent / ".env"
+    return {**(read_env_file(env_file) if env_file.is_file() else {}), **os.environ}
+
+
 def render(path: Path, variables: Mapping[str, str] | None = None) -> list[Service]:
     """Every service of the compose file at ``path`` with the environment it would get.
 
-    ``variables`` are compose's (default: the ``.env`` beside the file under the shell's).
+    ``variables`` are compose's (default: :func:`compose_variables`).
     """
     if variables is None:
-        env_file = path.parent / ".env"
-        variables = {**(read_env_file(env_file) if env_file.is_file() else {}), **os.environ}
+        variables = compose_variables(path)
     data = read_compose(path, variables)
     images = _images(path, data["services"])
     services = []
