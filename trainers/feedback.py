@@ -55,6 +55,9 @@ class Labels:
 
     strategy: LabelStrategy
     correction: Correction
+    key: str | None = None
+    """The column that ties an immediate channel's positive to its impression (the label
+    join's key), when the channel has it: its metrics score impressions, not rows."""
 
     @property
     def immediate(self) -> bool:
@@ -62,12 +65,22 @@ class Labels:
 
     def describe(self) -> str:
         loss = "fake-negative weighted loss (FNW)" if self.correction == "fnw" else "plain BCE"
-        return f"labels {self.strategy}, {loss}"
+        if not self.immediate:
+            return f"labels {self.strategy}, {loss}"
+        scored = (
+            f"AUC over impressions (key {self.key})"
+            if self.key
+            else "AUC over rows (pass the label join's key through to score impressions)"
+        )
+        return f"labels {self.strategy}, {loss}, {scored}"
 
 
-def labels_for(setting: DelayedFeedback, strategy: str, channel: str) -> Labels:
+def labels_for(
+    setting: DelayedFeedback, strategy: str, channel: str, key: str | None = None
+) -> Labels:
     """The correction ``setting`` (TrainConfig.delayed_feedback) gives a channel labelled by
-    ``strategy`` (its ChannelMeta.label_strategy)."""
+    ``strategy`` (its ChannelMeta.label_strategy); ``key``: its label key column, if it has
+    one."""
     if strategy not in get_args(LabelStrategy):
         raise ConfigError(
             f"channel {channel!r} says its labels are {strategy!r}; the trainer knows "
@@ -76,10 +89,12 @@ def labels_for(setting: DelayedFeedback, strategy: str, channel: str) -> Labels:
         )
     known: LabelStrategy = "immediate" if strategy == "immediate" else "window"
     if setting == "off":
-        return Labels(known, "none")
-    if setting == "fnw":
-        return Labels(known, "fnw")
-    return Labels(known, "fnw" if known == "immediate" else "none")
+        correction: Correction = "none"
+    elif setting == "fnw":
+        correction = "fnw"
+    else:
+        correction = "fnw" if known == "immediate" else "none"
+    return Labels(known, correction, key if known == "immediate" else None)
 
 
 def fnw_weights(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,9 +21,9 @@ core), unless ``ahead`` says otherwise.
 Each batch comes with its channel (a batch never mixes channels: each channel's reader cuts its
 own windows, a mixed reader draws whole batches; a window slice names its channel in its key),
 the reader's epoch (a row of epoch 1 or later is seen again), and the columns read for metrics
-only, on the host and never handed to the model: event and production times and an oracle's
-probabilities, nulls kept as markers. ``optional`` columns (the row ``weight``) join the tensors
-where a channel has them.
+only, on the host and never handed to the model: event and production times, an oracle's
+probabilities and the rows' label keys (hashed), nulls kept as markers. ``optional`` columns
+(the row ``weight``) join the tensors where a channel has them.
 
 Each batch comes with the reader's cursor *after* it, taken right after the reader produced
 it (on whichever thread pulls), so a checkpoint at any step resumes at the next batch, with
@@ -38,7 +38,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -48,7 +48,7 @@ import torch
 
 from flow.errors import ConfigError
 from flow.handoff import WindowSlice
-from trainers.data import pack_columns, probabilities, timestamps_us, to_tensors
+from trainers.data import key_hashes, pack_columns, probabilities, timestamps_us, to_tensors
 
 __all__ = ["Batch", "DeviceLoader", "ShuffleOn", "StallMeter"]
 
@@ -82,6 +82,9 @@ class Batch:
     """When each row was produced (the Kafka record's time), like ``event_time_us``."""
     oracle: np.ndarray | None = None
     """Each row's true click probability (float64, NaN where null), for metrics only."""
+    keys: np.ndarray | None = None
+    """The rows' label keys as int64 hashes (``data.NO_KEY`` where null), for metrics only: they
+    tie an immediate channel's positive row to its impression."""
     ready: torch.cuda.Event | None = None
     """Recorded on the copy stream after the batch's tensors were written (CUDA only)."""
     idle: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
@@ -148,6 +151,7 @@ class DeviceLoader:
         event_time: str | None = None,
         produced_time: str | None = None,
         oracle: str | None = None,
+        key: Callable[[str | None], str | None] | None = None,
         shuffle_on: ShuffleOn = "host",
         ahead: int | None = None,
     ) -> None:
@@ -161,6 +165,8 @@ class DeviceLoader:
         self.event_time = event_time
         self.produced_time = produced_time
         self.oracle = oracle
+        self.key = key
+        """The label key column of a batch's channel, if it has one."""
         self.shuffle_on = shuffle_on
         self.cuda = device.type == "cuda"
         self.ahead = (4 if self.cuda else 0) if ahead is None else ahead
@@ -204,6 +210,10 @@ class DeviceLoader:
             batch.produced_us = timestamps_us(produced, self.produced_time)
         if oracle is not None and self.oracle is not None:
             batch.oracle = probabilities(oracle, self.oracle)
+        key = self.key(batch.channel) if self.key is not None else None
+        keys = self._column(item, key)
+        if keys is not None and key is not None:
+            batch.keys = key_hashes(keys, key)
         if self._stream is None:
             batch.tensors = self._tensors(item)
             return batch

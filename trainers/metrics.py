@@ -16,12 +16,20 @@ counted apart (``update(..., immediate=True)``) and the result adds ``positive_r
 (positives over impressions, P/(rows - P)) and ``calibration_corrected`` (the predictions summed
 over the impressions, i.e. the label-0 rows, over P). :class:`Scores` adds, from a column of
 true probabilities, the oracle's AUC and log loss over the same rows and labels.
+
+Their AUC is taken over impressions when each row's label key is given (``keys``): an
+impression's first row (label 0) is its prediction, made before its click was known, and its
+label is whether a positive row with the same key was seen by the time the AUC is computed;
+repeated positives are not predictions of their own. Over rows instead, each click would count
+twice, once as a fake negative scored early and once as a positive scored later by a model that
+has trained since, which ranks a later model's scores against an earlier one's.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from flow.errors import ConfigError
+from trainers.data import NO_KEY
 
 __all__ = ["BinaryMetrics", "Scores", "binary_auc"]
 
@@ -103,8 +112,13 @@ class BinaryMetrics:
         """Forget everything seen."""
         self._rng = np.random.default_rng(self.seed)
         self._chunks: list[npt.NDArray[np.float32]] = []
+        self._key_chunks: list[npt.NDArray[np.int64]] = []
         self._store: npt.NDArray[np.float32] | None = None  # [3, capacity] once sampling
+        self._store_keys: npt.NDArray[np.int64] | None = None  # [capacity], NO_KEY: unkeyed
         self._count = 0
+        self._offered = 0  # predictions offered to the store (repeated positives are not)
+        self._positives: list[npt.NDArray[np.int64]] = []  # keys of repeated positives
+        self._positive_count = 0
         # weight, weight·label, weight·probability, weight·loss; of immediate rows: weight,
         # weight·label (the positives that repeat an impression), and weight·probability over
         # the impressions (every row but those repeated positives)
@@ -121,16 +135,19 @@ class BinaryMetrics:
         weights: torch.Tensor | np.ndarray | None = None,
         *,
         immediate: bool = False,
+        keys: np.ndarray | None = None,
     ) -> None:
         """Add a batch: ``logits``, ``labels`` in [0, 1] and optional ``weights``, same length;
-        ``immediate``: the rows come from a channel labelled ``immediate``."""
+        ``immediate``: the rows come from a channel labelled ``immediate``; ``keys``: their
+        label keys as int64 hashes (``NO_KEY`` where unknown), which makes their AUC one over
+        impressions (see the module's docstring)."""
         x = _numpy(logits)
         y = _numpy(labels)
         w = np.ones_like(x) if weights is None else _numpy(weights)
-        if not (x.shape == y.shape == w.shape):
+        if not (x.shape == y.shape == w.shape) or (keys is not None and keys.shape != x.shape):
             raise ValueError(
-                f"logits, labels and weights have {x.size}, {y.size} and {w.size} values; "
-                "give one of each per prediction"
+                f"logits, labels, weights and keys have {x.size}, {y.size}, {w.size} and "
+                f"{x.size if keys is None else keys.size} values; give one of each per prediction"
             )
         x64, y64, w64 = x.astype(np.float64), y.astype(np.float64), w.astype(np.float64)
         # -log p(y) from the logit, stable for large |x|: softplus(x) - y x
@@ -146,51 +163,91 @@ class BinaryMetrics:
             (w64 * repeated).sum(),
             (w64 * probability * (1.0 - repeated)).sum(),
         ]
-        self._keep(np.stack([x, y, w]))
         self._count += x.size
+        rows = np.stack([x, y, w])
+        if not immediate or keys is None:
+            self._keep(rows, np.full(x.size, NO_KEY, dtype=np.int64))
+            return
+        keyed = keys != NO_KEY
+        repeated = keyed & (y > 0)  # a click's second row: its impression was the first
+        self._keep(rows[:, ~repeated], keys[~repeated])
+        self._positives.append(keys[repeated])
+        self._positive_count += int(repeated.sum())
+        if self._store is not None and self._positive_count > 2 * self.capacity:
+            self._forget_positives()
 
-    def _keep(self, rows: npt.NDArray[np.float32]) -> None:
+    def _keep(self, rows: npt.NDArray[np.float32], keys: npt.NDArray[np.int64]) -> None:
         n = rows.shape[1]
-        stored = min(self._count, self.capacity)
+        stored = min(self._offered, self.capacity)
         take = min(n, self.capacity - stored)
         if take:
             self._chunks.append(rows[:, :take])
-        if take == n:
-            return
-        if self._store is None:
-            self._store = np.concatenate(self._chunks, axis=1)
-            self._chunks = []
+            self._key_chunks.append(keys[:take])
+        if take < n:
+            self._sample(rows[:, take:], keys[take:], self._offered + take)
+        self._offered += n
+
+    def _sample(
+        self, rows: npt.NDArray[np.float32], keys: npt.NDArray[np.int64], offered: int
+    ) -> None:
+        if self._store is None or self._store_keys is None:
+            self._store, self._store_keys = self._stored()
+            self._chunks, self._key_chunks = [], []
         # Algorithm R, vectorised: the item seen t-th (0-based) replaces a random slot with
         # probability capacity / (t + 1); where two land on one slot, the later one wins.
-        rest = rows[:, take:]
-        seen = self._count + take + np.arange(rest.shape[1])
-        accepted = np.flatnonzero(self._rng.random(rest.shape[1]) < self.capacity / (seen + 1))
+        seen = offered + np.arange(rows.shape[1])
+        accepted = np.flatnonzero(self._rng.random(rows.shape[1]) < self.capacity / (seen + 1))
         slots = self._rng.integers(0, self.capacity, size=accepted.size)
         last_slots, last = np.unique(slots[::-1], return_index=True)
-        self._store[:, last_slots] = rest[:, accepted[::-1][last]]
+        chosen = accepted[::-1][last]
+        self._store[:, last_slots] = rows[:, chosen]
+        self._store_keys[last_slots] = keys[chosen]
 
-    def _stored(self) -> npt.NDArray[np.float32]:
-        if self._store is not None:
-            return self._store
+    def _forget_positives(self) -> None:
+        """Keep the positive keys that can still label something: those of impressions in the
+        store, and the latest ``capacity`` (an impression may come after its click's row when
+        both are in one shuffle window)."""
+        if self._store_keys is None:
+            return
+        every = np.concatenate(self._positives)
+        kept = np.union1d(every[np.isin(every, self._store_keys)], every[-self.capacity :]).astype(
+            np.int64
+        )
+        self._positives, self._positive_count = [kept], kept.size
+
+    def _stored(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        if self._store is not None and self._store_keys is not None:
+            return self._store, self._store_keys
         if not self._chunks:
-            return np.zeros((3, 0), dtype=np.float32)
-        return np.concatenate(self._chunks, axis=1)
+            return np.zeros((3, 0), dtype=np.float32), np.zeros(0, dtype=np.int64)
+        return np.concatenate(self._chunks, axis=1), np.concatenate(self._key_chunks)
+
+    def _positive_keys(self) -> npt.NDArray[np.int64]:
+        if not self._positives:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate(self._positives)
 
     def compute(self, distributed: bool = False) -> dict[str, float]:
         """The metrics so far; ``distributed`` gathers every rank's (a collective: call it on
         all ranks)."""
         sums = self._sums
         count = float(self._count)
-        stored = self._stored()
-        # Each kept prediction stands for count/kept of those seen (1 until sampling begins).
-        parts = [(stored, self._count / max(stored.shape[1], 1))]
+        stored, keys = self._stored()
+        positives = self._positive_keys()
+        # Each kept prediction stands for offered/kept of those offered (1 until sampling).
+        parts = [_Kept(stored, keys, self._offered / max(stored.shape[1], 1))]
         if distributed and dist.is_available() and dist.is_initialized():
-            sums, count, parts = _gather(sums, count, stored)
+            sums, count, parts, positives = _gather(sums, count, parts[0], positives)
         weight, weighted_labels, weighted_probabilities, weighted_loss = sums[:4].tolist()
         immediate, repeated, over_impressions = sums[4:].tolist()
-        scores = np.concatenate([kept[0] for kept, _ in parts])
-        labels = np.concatenate([kept[1] for kept, _ in parts])
-        weights = np.concatenate([kept[2].astype(np.float64) * factor for kept, factor in parts])
+        scores = np.concatenate([kept.rows[0] for kept in parts])
+        labels = np.concatenate([kept.rows[1] for kept in parts])
+        weights = np.concatenate([kept.rows[2].astype(np.float64) * kept.factor for kept in parts])
+        every_key = np.concatenate([kept.keys for kept in parts])
+        keyed = every_key != NO_KEY
+        if keyed.any():  # impressions: clicked if a positive row with their key was seen
+            labels = labels.copy()
+            labels[keyed] = np.isin(every_key[keyed], positives)
         auc = binary_auc(scores, labels, weights)
         if math.isnan(auc) and count:
             log.warning(
@@ -206,38 +263,71 @@ class BinaryMetrics:
             "calibration": _ratio(weighted_probabilities, weighted_labels),
             "auc_count": float(scores.size),
         }
+        if keyed.any():
+            found["auc_impressions"] = float(np.count_nonzero(keyed))
         if immediate:
             found["positive_rate_corrected"] = _ratio(weighted_labels, weight - repeated)
             found["calibration_corrected"] = _ratio(over_impressions, weighted_labels)
         return found
 
 
+@dataclass
+class _Kept:
+    """One rank's kept predictions: ``rows`` (logit, label, weight), their keys, and how many
+    offered predictions each stands for."""
+
+    rows: npt.NDArray[np.float32]
+    keys: npt.NDArray[np.int64]
+    factor: float
+
+
 def _gather(
-    sums: npt.NDArray[np.float64], count: float, stored: npt.NDArray[np.float32]
-) -> tuple[npt.NDArray[np.float64], float, list[tuple[npt.NDArray[np.float32], float]]]:
-    """Every rank's sums (added) and kept predictions, with each rank's sampling factor."""
+    sums: npt.NDArray[np.float64],
+    count: float,
+    kept: _Kept,
+    positives: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.float64], float, list[_Kept], npt.NDArray[np.int64]]:
+    """Every rank's sums (added), kept predictions (with each rank's sampling factor) and
+    positive keys: an impression and its click's row may be on different ranks."""
     # NCCL moves only CUDA tensors; gloo only CPU ones.
     device = (
         torch.device("cuda", torch.cuda.current_device())
         if dist.get_backend() == "nccl"
         else torch.device("cpu")
     )
-    totals = torch.tensor([*sums, count, stored.shape[1]], dtype=torch.float64, device=device)
+    size = kept.rows.shape[1]
+    offered = kept.factor * max(size, 1)
+    totals = torch.tensor(
+        [*sums, count, offered, size, positives.size], dtype=torch.float64, device=device
+    )
     world = dist.get_world_size()
     per_rank = [torch.empty_like(totals) for _ in range(world)]
     dist.all_gather(per_rank, totals)
-    sizes = [int(t[-1].item()) for t in per_rank]
-    counts = [float(t[-2].item()) for t in per_rank]
-    padded = torch.zeros((3, max(sizes)), dtype=torch.float32, device=device)
-    padded[:, : stored.shape[1]] = torch.from_numpy(stored).to(device)
-    gathered = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded)
+    sizes = [int(t[-2].item()) for t in per_rank]
+    offers = [float(t[-3].item()) for t in per_rank]
+    positive_sizes = [int(t[-1].item()) for t in per_rank]
+
+    def everyone(values: np.ndarray, longest: int) -> list[np.ndarray]:
+        shape = (*values.shape[:-1], max(longest, 1))  # gloo gathers no empty tensors
+        padded = torch.zeros(shape, dtype=torch.from_numpy(values).dtype)
+        padded[..., : values.shape[-1]] = torch.from_numpy(values)
+        padded = padded.to(device)
+        gathered = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(gathered, padded)
+        return [g.cpu().numpy() for g in gathered]
+
+    rows = everyone(kept.rows, max(sizes))
+    keys = everyone(kept.keys, max(sizes))
+    positive_keys = everyone(positives, max(positive_sizes))
     total = torch.stack(per_rank).sum(dim=0).cpu().numpy()
     parts = [
-        (g[:, :size].cpu().numpy(), n / max(size, 1))
-        for g, size, n in zip(gathered, sizes, counts, strict=True)
+        _Kept(r[:, :n], k[:n], offer / max(n, 1))
+        for r, k, n, offer in zip(rows, keys, sizes, offers, strict=True)
     ]
-    return total[: len(sums)], float(total[len(sums)]), parts
+    every_positive = np.concatenate(
+        [p[:n] for p, n in zip(positive_keys, positive_sizes, strict=True)]
+    )
+    return total[: len(sums)], float(total[len(sums)]), parts, every_positive
 
 
 class Scores:
@@ -271,10 +361,11 @@ class Scores:
         *,
         immediate: bool = False,
         oracle: np.ndarray | None = None,
+        keys: np.ndarray | None = None,
     ) -> None:
         """Add a batch (see :meth:`BinaryMetrics.update`); ``oracle``: each row's true
         probability, NaN where unknown (None: unknown for every row)."""
-        self.model.update(logits, labels, weights, immediate=immediate)
+        self.model.update(logits, labels, weights, immediate=immediate, keys=keys)
         if self.oracle is None or oracle is None:
             return
         known = np.isfinite(oracle)
@@ -283,7 +374,13 @@ class Scores:
         y = _numpy(labels)[known]
         w = None if weights is None else _numpy(weights)[known]
         p = np.clip(oracle[known], 1e-7, 1 - 1e-7)
-        self.oracle.update(np.log(p) - np.log1p(-p), y, w, immediate=immediate)
+        self.oracle.update(
+            np.log(p) - np.log1p(-p),
+            y,
+            w,
+            immediate=immediate,
+            keys=None if keys is None else keys[known],
+        )
 
     def compute(self, distributed: bool = False) -> dict[str, float]:
         """The metrics so far (a collective with ``distributed``: call it on all ranks)."""

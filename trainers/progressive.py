@@ -5,8 +5,9 @@ whole run (``overall``), its channel (``by_channel``), its pass (``by_pass``: ``
 ``repeated``, i.e. rows of epoch 1 and later, which the model has trained on before, so their
 figures are no measure of generalisation) and, for rows seen for the first time, the window of
 event time they fall in (:class:`EventWindows`, per channel). The figures of rows from an
-``immediate`` channel carry their corrected positive rate and calibration; with an oracle
-column, the oracle's AUC and log loss over the same rows (see :mod:`trainers.metrics`).
+``immediate`` channel carry their corrected positive rate and calibration, and their AUC is one
+over impressions when the batches carry the rows' label keys; with an oracle column, the
+oracle's AUC and log loss over the same rows (see :mod:`trainers.metrics`).
 
 Memory is bounded: every cut keeps a bounded reservoir of predictions for its AUC (its sums stay
 exact), and at most ``max_windows`` event-time windows are open at once; past that the oldest
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from flow.errors import ConfigError
-from trainers.data import NO_TIME
+from trainers.data import NO_KEY, NO_TIME
 from trainers.metrics import Scores
 
 __all__ = ["PASSES", "EventWindows", "ProgressiveScores"]
@@ -46,6 +47,7 @@ class _Scored:
     repeated: bool
     oracle: np.ndarray | None
     event_us: np.ndarray | None
+    keys: np.ndarray | None = None
 
 
 @dataclass
@@ -57,6 +59,7 @@ class _Rows:
     weights: np.ndarray | None
     oracle: np.ndarray | None
     event_us: np.ndarray | None
+    keys: np.ndarray | None = None
 
     def take(self, rows: np.ndarray) -> _Rows:
         def pick(values: np.ndarray | None) -> np.ndarray | None:
@@ -68,6 +71,7 @@ class _Rows:
             pick(self.weights),
             pick(self.oracle),
             pick(self.event_us),
+            pick(self.keys),
         )
 
 
@@ -130,6 +134,7 @@ class EventWindows:
                 chosen.weights,
                 immediate=immediate,
                 oracle=chosen.oracle,
+                keys=chosen.keys,
             )
 
     def _open(self, key: tuple[str, int]) -> Scores:
@@ -170,7 +175,7 @@ class ProgressiveScores:
         self.frozen: dict[str, Scores] = {}
         """Per channel, the figures of the model frozen after an earlier channel (add_frozen)."""
         self.frozen_pending: list[
-            tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None, bool]
+            tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None, bool, np.ndarray | None]
         ] = []
 
     def add(
@@ -183,9 +188,11 @@ class ProgressiveScores:
         repeated: bool = False,
         oracle: np.ndarray | None = None,
         event_time_us: np.ndarray | None = None,
+        keys: np.ndarray | None = None,
     ) -> None:
         """A batch's predictions, before the model trains on it; ``repeated``: its rows were
-        trained on before (a later epoch)."""
+        trained on before (a later epoch); ``keys``: the rows' label keys (hashed), with which
+        an immediate channel's AUC is one over impressions."""
         self.pending.append(
             _Scored(
                 channel or "?",
@@ -196,6 +203,7 @@ class ProgressiveScores:
                 repeated,
                 oracle if self.oracle else None,
                 event_time_us,
+                keys,
             )
         )
 
@@ -206,6 +214,7 @@ class ProgressiveScores:
         batch: dict[str, torch.Tensor],
         *,
         immediate: bool = False,
+        keys: np.ndarray | None = None,
     ) -> None:
         """A batch's predictions by the frozen copy of the model (scored per channel only)."""
         self.frozen_pending.append(
@@ -215,15 +224,16 @@ class ProgressiveScores:
                 batch["label"],
                 batch.get("weight"),
                 immediate,
+                keys,
             )
         )
 
     def flush(self) -> None:
         """Score what was added since the last flush (copies it to the host: a sync)."""
-        for channel, logits, labels, weights, immediate in self.frozen_pending:
+        for channel, logits, labels, weights, immediate, keys in self.frozen_pending:
             frozen = self.frozen.setdefault(channel, Scores(1_000_000))
             weight = weights.cpu() if weights is not None else None
-            frozen.update(logits.cpu(), labels.cpu(), weight, immediate=immediate)
+            frozen.update(logits.cpu(), labels.cpu(), weight, immediate=immediate, keys=keys)
         self.frozen_pending = []
         groups: dict[tuple[str, bool, bool], list[_Scored]] = {}
         for scored in self.pending:
@@ -241,7 +251,12 @@ class ProgressiveScores:
                 self.by_pass.setdefault(cut, Scores(1_000_000, oracle=self.oracle)),
             ):
                 scores.update(
-                    rows.logits, rows.labels, rows.weights, immediate=immediate, oracle=rows.oracle
+                    rows.logits,
+                    rows.labels,
+                    rows.weights,
+                    immediate=immediate,
+                    oracle=rows.oracle,
+                    keys=rows.keys,
                 )
             if not repeated:
                 self.windows.update(channel, rows, immediate=immediate)
@@ -270,10 +285,12 @@ def _host(items: list[_Scored]) -> _Rows:
         )
     oracles = [i.oracle for i in items]
     times = [i.event_us for i in items]
+    keys = [i.keys for i in items]
     return _Rows(
         numpy([i.logits for i in items]),
         numpy([i.labels for i in items]),
         weights,
         filled(oracles, np.nan, np.float64) if any(o is not None for o in oracles) else None,
         filled(times, NO_TIME, np.int64) if any(t is not None for t in times) else None,
+        filled(keys, NO_KEY, np.int64) if any(k is not None for k in keys) else None,
     )

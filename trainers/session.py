@@ -102,6 +102,7 @@ def evaluate(
                 batch.tensors.get("weight"),
                 immediate=immediate(batch.channel),
                 oracle=batch.oracle,
+                keys=batch.keys,
             )
     model.train(was_training)
     return metrics.compute(distributed=dist.is_initialized())
@@ -291,6 +292,7 @@ class Session:
             self.columns,
             optional=OPTIONAL_COLUMNS,
             oracle=config.oracle,
+            key=lambda channel: self.labels_of(channel).key,
             shuffle_on=self.shuffle_on,
         )
         return evaluate(
@@ -307,8 +309,14 @@ class Session:
         name = channel or self.config.channels[0]
         found = self.labels.get(name)
         if found is None:
-            strategy = Channel(self.config.location, name).meta().label_strategy
-            found = self.labels[name] = labels_for(self.config.delayed_feedback, strategy, name)
+            meta = Channel(self.config.location, name).meta()
+            key = (meta.labels or {}).get("key")
+            found = self.labels[name] = labels_for(
+                self.config.delayed_feedback,
+                meta.label_strategy,
+                name,
+                key if key in meta.schema.names else None,
+            )
         return found
 
     def _announce(self, channel: str | None, run: Run, result: TrainResult) -> Labels:
@@ -375,6 +383,7 @@ class Session:
             event_time=self.config.event_time,
             produced_time=self.config.produced_time,
             oracle=self.config.oracle,
+            key=lambda channel: self.labels_of(channel).key,
             shuffle_on=self.shuffle_on,
         )
 
@@ -388,7 +397,11 @@ class Session:
         if frozen is not None:
             with torch.no_grad(), self.autocast():
                 scores.add_frozen(
-                    batch.channel, frozen(tensors), tensors, immediate=labels.immediate
+                    batch.channel,
+                    frozen(tensors),
+                    tensors,
+                    immediate=labels.immediate,
+                    keys=batch.keys,
                 )
         scores.add(
             batch.channel,
@@ -398,6 +411,7 @@ class Session:
             repeated=batch.epoch > 0,
             oracle=batch.oracle,
             event_time_us=batch.event_time_us,
+            keys=batch.keys,
         )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]

@@ -94,7 +94,8 @@ class LabelJoin(Definition):
     def channel_labels(self, streaming: bool) -> dict[str, str]:
         """What a channel records about how its rows were labelled (ChannelMeta.labels)."""
         strategy = self.strategy if streaming else "window"
-        return {"strategy": strategy, "window": self.window, "label": self.label}
+        # The key lets a trainer tie an immediate channel's positive to its impression.
+        return {"strategy": strategy, "window": self.window, "label": self.label, "key": self.key}
 
 
 @dataclass(frozen=True)

@@ -466,6 +466,7 @@ def test_a_label_strategy_is_checked_and_recorded_for_the_channel() -> None:
         "strategy": "immediate",
         "window": "5 minutes",
         "label": "label",
+        "key": "id",
     }
     # A backfill knows every label: its rows are final whatever the live stage emits.
     assert fresh.channel_labels(streaming=False)["strategy"] == "window"

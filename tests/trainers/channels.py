@@ -79,11 +79,14 @@ def write_delayed(
     *,
     oracle: bool = True,
     commits: int = 4,
+    key_column: bool = True,
 ) -> int:
     """Rows of tests/trainers/delayed.py's click model, labelled by ``strategy``: ``window``
     (one row per impression with its final label, no production time, as a backfill writes)
     or ``immediate`` (each impression a negative, each click a positive again, in emission
-    order, produced when emitted). Event times end about now. Returns the rows written."""
+    order, produced when emitted). Event times end about now. The label key, ``impression_id``,
+    is in the channel's labels, and its column in the rows with ``key_column``. Returns the rows
+    written."""
     from tests.trainers.delayed import WINDOW_S, immediate_rows
     from tests.trainers.delayed import impressions as draw
 
@@ -92,10 +95,10 @@ def write_delayed(
     if strategy == "immediate":
         rows = immediate_rows(found)
         features, label, p = rows.features, rows.label, rows.p_click
-        event, produced = rows.event_s, rows.emitted_s
+        event, produced, which = rows.event_s, rows.emitted_s, rows.impression
     else:
         features, label, p = found.features, found.clicked.astype(np.float32), found.p_click
-        event, produced = found.time_s, None
+        event, produced, which = found.time_s, None, np.arange(len(found.time_s))
     n = len(label)
     fields = [
         pa.field("label", pa.float32(), False),
@@ -105,6 +108,7 @@ def write_delayed(
         pa.field("ts", pa.timestamp("us", tz="UTC")),
         pa.field("produced_at", pa.timestamp("us", tz="UTC")),
     ] + ([pa.field("p_click", pa.float64())] if oracle else [])
+    fields += [pa.field("impression_id", pa.string())] if key_column else []
     stamp = pa.timestamp("us", tz="UTC")
     columns = [
         pa.array(label),
@@ -116,6 +120,7 @@ def write_delayed(
         if produced is not None
         else pa.nulls(n, stamp),
     ] + ([pa.array(p)] if oracle else [])
+    columns += [pa.array([f"{seed}-{i}" for i in which.tolist()])] if key_column else []
     schema = pa.schema(fields)
     table = pa.table(columns, schema=schema)
     channel = Channel(str(root), name)
@@ -123,7 +128,7 @@ def write_delayed(
         schema,
         num_buckets=2,
         layout=DELAYED_LAYOUT.to_dict(),
-        labels={"strategy": strategy, "window": f"{WINDOW_S:.0f} seconds"},
+        labels={"strategy": strategy, "window": f"{WINDOW_S:.0f} seconds", "key": "impression_id"},
     )
     per = -(-n // commits)
     for batch_id in range(commits):

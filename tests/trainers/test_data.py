@@ -8,11 +8,21 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from flow.errors import ConfigError
 from flow.handoff import Channel, ChannelReader, Commit, ReadOptions
-from trainers.data import NO_TIME, HandoffDataset, probabilities, timestamps_us, to_tensors
+from trainers.data import (
+    NO_KEY,
+    NO_TIME,
+    HandoffDataset,
+    key_hashes,
+    probabilities,
+    timestamps_us,
+    to_tensors,
+)
 
 SCHEMA = pa.schema(
     [
@@ -90,3 +100,39 @@ def test_metrics_only_columns_keep_their_nulls_as_markers() -> None:
         probabilities(pa.array([0.5, 1.5]), "p_click")
     with pytest.raises(ConfigError, match="--oracle 'p_click': the column is string"):
         probabilities(pa.array(["a"]), "p_click")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.one_of(st.none(), st.text(max_size=12)), min_size=1, max_size=40),
+    cut=st.integers(0, 40),
+)
+def test_a_key_hashes_the_same_in_any_batch_and_distinct_keys_apart(
+    keys: list[str | None], cut: int
+) -> None:
+    whole = key_hashes(pa.array(keys, pa.string()), "k")
+    cut = min(cut, len(keys))
+    # Sliced, chunked, large strings: the same hash for the same key.
+    pieces = pa.chunked_array(
+        [pa.array(keys[:cut], pa.string()), pa.array(keys[cut:], pa.string())]
+    )
+    assert (key_hashes(pieces, "k") == whole).all()
+    assert (key_hashes(pa.array(keys, pa.large_string()), "k") == whole).all()
+    assert (key_hashes(pa.array(keys, pa.string()).slice(cut), "k") == whole[cut:]).all()
+    by_key: dict[str, int] = {}
+    for key, hashed in zip(keys, whole.tolist(), strict=True):
+        if key is None:
+            assert hashed == NO_KEY
+        else:
+            assert hashed != NO_KEY
+            assert by_key.setdefault(key, hashed) == hashed
+    assert len(set(by_key.values())) == len(by_key)  # no two keys here collide
+
+
+def test_integer_keys_hash_and_other_kinds_are_refused() -> None:
+    hashed = key_hashes(pa.array([7, None, 7, 8], pa.int32()), "impression_id")
+    assert hashed[0] == hashed[2] != hashed[3]
+    assert hashed[1] == NO_KEY
+    assert (key_hashes(pa.array([7, 8], pa.int64()), "k") == hashed[[0, 3]]).all()
+    with pytest.raises(ConfigError, match=r"key column 'score' is double; a label key is a"):
+        key_hashes(pa.array([0.5]), "score")

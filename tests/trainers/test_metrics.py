@@ -169,6 +169,115 @@ def test_immediate_rows_are_counted_per_impression():
     )
 
 
+def immediate_rows(
+    impressions: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """An immediate channel's rows in a shuffled order: each impression once as a negative
+    scored by an early model, each click's row again as a positive scored by a later one; and
+    the impressions' own (logit, clicked) to compare with."""
+    rng = np.random.default_rng(seed)
+    first = np.round(rng.normal(size=impressions), 1)  # ties too
+    clicked = rng.random(impressions) < 1 / (1 + np.exp(-first))
+    keys = rng.permutation(np.arange(impressions, dtype=np.int64) * 7919 + 13)
+    later = first[clicked] + rng.normal(2.0, 1.0, size=int(clicked.sum()))  # the model learnt
+    logits = np.concatenate([first, later])
+    labels = np.concatenate([np.zeros(impressions), np.ones(int(clicked.sum()))])
+    row_keys = np.concatenate([keys, keys[clicked]])
+    order = rng.permutation(len(logits))
+    return logits[order], labels[order], row_keys[order], first, clicked.astype(np.float64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    impressions=st.integers(2, 300),
+    seed=st.integers(0, 2**16),
+    batch=st.integers(1, 64),
+    capacity=st.sampled_from([10_000, 10**7]),
+)
+def test_immediate_rows_with_keys_are_scored_once_per_impression(
+    impressions: int, seed: int, batch: int, capacity: int
+) -> None:
+    logits, labels, keys, first, clicked = immediate_rows(impressions, seed)
+    metrics = BinaryMetrics(capacity=capacity)
+    for start in range(0, len(logits), batch):
+        part = slice(start, start + batch)
+        metrics.update(logits[part], labels[part], immediate=True, keys=keys[part])
+    result = metrics.compute()
+    # The AUC of each impression's first prediction against whether it was clicked, in
+    # whatever order its rows came (a click's row may come before its impression's).
+    expected = binary_auc(first, clicked)
+    if math.isnan(expected):
+        assert math.isnan(result["auc"])
+    else:
+        assert result["auc"] == pytest.approx(expected, abs=1e-6)
+    assert result["auc_impressions"] == impressions
+    assert result["count"] == len(logits)
+    assert result["positive_rate_corrected"] == pytest.approx(clicked.mean())
+
+
+def test_over_rows_a_click_scored_later_would_count_twice() -> None:
+    # What the keys fix: the row-level AUC ranks the later model's positives against the
+    # early fake negatives, and beats what any impression-level prediction achieved.
+    logits, labels, keys, first, clicked = immediate_rows(5_000, seed=1)
+    by_rows, by_impressions = BinaryMetrics(), BinaryMetrics()
+    by_rows.update(logits, labels, immediate=True)
+    by_impressions.update(logits, labels, immediate=True, keys=keys)
+    assert by_impressions.compute()["auc"] == pytest.approx(binary_auc(first, clicked))
+    assert by_rows.compute()["auc"] > binary_auc(first, clicked) + 0.05
+    assert "auc_impressions" not in by_rows.compute()
+
+
+def test_impressions_sampled_past_capacity_keep_their_clicks() -> None:
+    logits, labels, keys, first, clicked = immediate_rows(40_000, seed=2)
+    # As a stream gives them: a click's row after its impression's (here at once after it).
+    impression = labels == 0
+    position = {k: i for i, k in enumerate(keys[impression].tolist())}
+    order = np.argsort(
+        [position[k] + (0.5 if y else 0.0) for k, y in zip(keys.tolist(), labels, strict=True)]
+    )
+    logits, labels, keys = logits[order], labels[order], keys[order]
+    metrics = BinaryMetrics(capacity=4_000)
+    for start in range(0, len(logits), 1_000):
+        part = slice(start, start + 1_000)
+        metrics.update(logits[part], labels[part], immediate=True, keys=keys[part])
+    result = metrics.compute()
+    assert result["auc_count"] == 4_000
+    assert result["auc"] == pytest.approx(binary_auc(first, clicked), abs=0.02)
+    # The positive keys kept stay bounded: those of stored impressions and the latest ones.
+    assert metrics._positive_count <= 3 * 4_000
+
+
+def test_a_row_without_a_key_is_scored_as_a_row() -> None:
+    from trainers.data import NO_KEY
+
+    metrics = BinaryMetrics()
+    # Impression 5 clicked; an unkeyed positive row and an unkeyed negative.
+    keys = np.array([5, 6, 5, NO_KEY, NO_KEY], dtype=np.int64)
+    metrics.update(
+        np.array([2.0, 0.0, -3.0, 1.0, -1.0]),
+        np.array([0.0, 0.0, 1.0, 1.0, 0.0]),
+        immediate=True,
+        keys=keys,
+    )
+    result = metrics.compute()
+    # Scored: impression 5 (2.0, clicked), 6 (0.0, not), and the two unkeyed rows as they are.
+    assert result["auc_count"] == 4
+    assert result["auc"] == binary_auc([2.0, 0.0, 1.0, -1.0], [1, 0, 1, 0])
+    assert result["auc_impressions"] == 2
+
+
+def test_the_oracle_is_scored_on_the_same_impressions() -> None:
+    logits, labels, keys, first, clicked = immediate_rows(2_000, seed=4)
+    # The oracle knows each impression's probability: here the early model's, on both rows.
+    first_by_key = dict(zip(keys[labels == 0].tolist(), logits[labels == 0].tolist(), strict=True))
+    truth = 1 / (1 + np.exp(-np.array([first_by_key[k] for k in keys.tolist()])))
+    scores = Scores(oracle=True)
+    scores.update(logits, labels, immediate=True, oracle=truth, keys=keys)
+    result = scores.compute()
+    assert result["oracle_auc"] == pytest.approx(binary_auc(first, clicked), abs=1e-6)
+    assert result["auc"] == pytest.approx(result["oracle_auc"], abs=1e-6)
+
+
 def test_rows_labelled_by_window_have_no_corrected_figures():
     metrics = BinaryMetrics()
     metrics.update(torch.tensor([1.0, -1.0]), torch.tensor([1.0, 0.0]))
@@ -233,3 +342,34 @@ def test_distributed_compute_reports_the_global_metrics_on_every_rank(tmp_path: 
     assert results[0]["logloss"] == pytest.approx(float((losses * weights).sum() / weights.sum()))
     exact = binary_auc(logits.numpy(), labels.numpy(), weights.numpy())
     assert results[0]["auc"] == pytest.approx(exact, abs=0.02)
+
+
+def _rank_keyed(rank: int, world: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        logits, labels, keys, _, _ = immediate_rows(600, seed=9)
+        # Rows dealt to ranks apart from their keys: a click's row is often on the other rank.
+        mine = np.arange(len(logits)) % world == rank
+        scores = Scores(oracle=True)
+        truth = np.full(len(logits), 0.5)
+        truth[: len(logits) // 2] = np.linspace(0.01, 0.99, len(logits) // 2)
+        scores.update(
+            logits[mine], labels[mine], immediate=True, oracle=truth[mine], keys=keys[mine]
+        )
+        torch.save(scores.compute(distributed=True), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_impressions_find_their_clicks_on_other_ranks(tmp_path: Path) -> None:
+    world = 2
+    out = str(tmp_path / "result")
+    spawn(_rank_keyed, args=(world, str(tmp_path / "store"), out), nprocs=world)  # type: ignore[no-untyped-call]
+    results = [torch.load(f"{out}.{rank}") for rank in range(world)]
+    logits, labels, keys, first, clicked = immediate_rows(600, seed=9)
+    alone = BinaryMetrics()
+    alone.update(logits, labels, immediate=True, keys=keys)
+    assert results[0] == results[1]
+    assert results[0]["auc"] == pytest.approx(binary_auc(first, clicked), abs=1e-6)
+    assert results[0]["auc_impressions"] == 600
+    assert results[0]["auc"] == pytest.approx(alone.compute()["auc"], abs=1e-6)

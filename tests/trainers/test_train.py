@@ -315,7 +315,10 @@ def test_delayed_feedback_is_corrected_on_immediate_channels_and_reported_honest
         "live": {"strategy": "immediate", "correction": "fnw"},
     }
     assert plain.labels["live"] == {"strategy": "immediate", "correction": "none"}
-    assert "channel live: labels immediate, fake-negative weighted loss (FNW)" in said["auto"]
+    assert (
+        "channel live: labels immediate, fake-negative weighted loss (FNW), AUC over impressions "
+        "(key impression_id)" in said["auto"]
+    )
     assert "channel backfill: labels window, plain BCE" in said["auto"]
     run = trackers["auto"].runs["train"]
     assert run.tags["flow.delayed_feedback.live"] == "fnw"
@@ -332,6 +335,13 @@ def test_delayed_feedback_is_corrected_on_immediate_channels_and_reported_honest
     # Live rows are P/(N+P) positive; corrected, P/N.
     live_scores = fnw.by_channel["live"]
     assert live_scores["positive_rate_corrected"] > live_scores["positive_rate"]
+    # Their AUC is over impressions (each clicked one's first prediction counts as a positive),
+    # twice over in two epochs; the held-out channel's too.
+    clicks = live - 8_000
+    assert live_scores["auc_impressions"] == 2 * 8_000
+    assert live_scores["auc_count"] == 2 * 8_000
+    assert live_scores["count"] == 2 * (8_000 + clicks)
+    assert fnw.metrics["auc_impressions"] == 5_000
 
     # The oracle over the same rows; the backfill has no such column: left out and counted.
     assert fnw.by_channel["live"]["oracle_count"] == 2 * live
@@ -367,7 +377,7 @@ def test_a_model_frozen_after_the_backfill_scores_the_later_rows_beside_the_trai
     tmp_path: Path,
 ) -> None:
     write_delayed(tmp_path, "backfill", "window", 2_000, seed=3, oracle=False)
-    write_delayed(tmp_path, "live", "immediate", 3_000, seed=1)
+    write_delayed(tmp_path, "live", "immediate", 3_000, seed=1, key_column=False)
     lines: list[str] = []
     cfg = config(
         tmp_path,
@@ -384,3 +394,6 @@ def test_a_model_frozen_after_the_backfill_scores_the_later_rows_beside_the_trai
     assert 0.0 <= live["frozen_auc"] <= 1.0
     assert live["frozen_logloss"] != live["logloss"]  # another model scored the same rows
     assert "frozen_auc" not in result.by_channel["backfill"]  # it trained on those rows
+    # Without the label key's column, an immediate channel can only be scored row by row.
+    assert any("AUC over rows (pass the label join's key through" in line for line in lines)
+    assert "auc_impressions" not in live
