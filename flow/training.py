@@ -137,6 +137,13 @@ class ModelConfig:
             raise ConfigError(f"ModelConfig.smoothing is {self.smoothing}; give a number > 0")
 
 
+SEVERAL_PASSES_EMBEDDING_L2 = 1e-4
+"""The embedding tables' L2 penalty by default when a run reads its rows several times: the id
+tables overfit in a few epochs without it, and with it the deep models beat a logistic
+regression where one pass did not; one pass over the rows gains nothing from it (measured in
+docs/trainers.md, "Models against baselines")."""
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """How to optimize a CTR model: its embedding tables and its dense layers."""
@@ -156,7 +163,8 @@ class OptimConfig:
     weight_decay: float = 0.0
     """L2 penalty added to the gradients of both groups (torch's ``weight_decay``)."""
     embedding_weight_decay: float | None = None
-    """The embedding tables' own L2 penalty; None uses ``weight_decay``."""
+    """The embedding tables' own L2 penalty; None uses ``weight_decay`` when that is set, and
+    otherwise 1e-4 for a run of several epochs, 0 for one pass (TrainConfig.effective_optim)."""
     cowclip: Annotated[bool, _alias("--cowclip")] = False
     """Clip embedding gradients with CowClip (``trainers.optim.CowClip``), for large batches."""
     cowclip_ratio: float = 1.0
@@ -388,6 +396,18 @@ class TrainConfig:
                 "TrainConfig.handoff is not set: give handoff= or call config.resolved(stack)"
             )
         return self.handoff
+
+    @property
+    def effective_optim(self) -> OptimConfig:
+        """``optim`` with the embedding L2 default resolved (an explicit penalty wins): see
+        :data:`SEVERAL_PASSES_EMBEDDING_L2`. Following reads each row once."""
+        optim = self.optim
+        if optim.embedding_weight_decay is not None or optim.weight_decay:
+            return optim
+        several = self.epochs > 1 and not self.follow
+        return replace(
+            optim, embedding_weight_decay=SEVERAL_PASSES_EMBEDDING_L2 if several else 0.0
+        )
 
     def identity(self) -> dict[str, Any]:
         """The settings that make this run's result: what it reads, the model, how it learns.

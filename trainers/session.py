@@ -135,7 +135,7 @@ class Session:
         wait_for(config, self.say)
         self.layout = layout_of(config)
         self.model: CTRModel = build_model(config.model, self.layout).to(self.device)
-        self.optimizer = build_optimizer(self.model, config.optim)
+        self.optimizer = build_optimizer(self.model, config.effective_optim)
         self.clip = CowClip.from_config(config.optim)
         self.early = (
             EarlyStop(

@@ -130,7 +130,7 @@ def _params(config: TrainConfig, session: Session) -> dict[str, Any]:
         "mix": config.mix,
         "model": config.model.name,
         **{f"model.{k}": v for k, v in asdict(config.model).items()},
-        **{f"optim.{k}": v for k, v in asdict(config.optim).items()},
+        **{f"optim.{k}": v for k, v in asdict(config.effective_optim).items()},
         "batch_size": config.batch_size,
         "world_size": session.world.world_size,
         "device": str(session.device),

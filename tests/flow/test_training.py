@@ -52,6 +52,19 @@ def test_the_baselines_and_early_stopping_are_flags() -> None:
     assert "early_stop" not in config.identity()
 
 
+def test_the_embedding_l2_is_on_by_default_only_when_rows_are_read_several_times() -> None:
+    def decay(*flags: str) -> float | None:
+        return parse_args(["--channel", "train", *flags]).effective_optim.embedding_weight_decay
+
+    assert decay() == 0.0  # one pass
+    assert decay("--epochs", "10", "--early-stop", "1", "--eval-channel", "test") == 1e-4
+    assert decay("--epochs", "3", "--follow") == 0.0  # following reads each row once
+    # An explicit penalty wins, either the tables' own or the one of both groups.
+    assert decay("--epochs", "3", "--optim.embedding-weight-decay", "0") == 0.0
+    assert decay("--epochs", "3", "--optim.weight-decay", "1e-6") is None  # uses weight_decay
+    assert parse_args(["--channel", "t", "--epochs", "3"]).optim == OptimConfig()
+
+
 def test_a_config_file_is_read_and_flags_override_it(tmp_path: Path) -> None:
     file = save_config(TrainConfig(channels=("live",), batch_size=256), tmp_path / "run.json")
     config = parse_args(["--config", str(file), "--batch-size", "512", "--no-tracking"])

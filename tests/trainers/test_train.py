@@ -324,6 +324,8 @@ def test_delayed_feedback_is_corrected_on_immediate_channels_and_reported_honest
     assert run.tags["flow.delayed_feedback.live"] == "fnw"
     assert run.tags["flow.delayed_feedback.backfill"] == "none"
     assert run.params["delayed_feedback"] == "auto"
+    # Two epochs: the embedding tables get the several-pass L2 default, and the run says so.
+    assert str(run.params["optim.embedding_weight_decay"]) == "0.0001"
 
     # Held-out live rows, counted per impression: FNW is calibrated, plain BCE predicts low.
     assert plain.metrics["calibration_corrected"] < 0.85
