@@ -17,7 +17,7 @@ demo: setup
 
 test: setup checks
 	$(BIN)/pytest -m "not integration"
-	$(BIN)/pytest -m integration
+	$(BIN)/pytest -m integration --durations=25
 
 unit: setup
 	$(BIN)/pytest -m "not integration and not slow"
