@@ -61,6 +61,17 @@ class _Rows:
     event_us: np.ndarray | None
     keys: np.ndarray | None = None
 
+    def score(self, scores: Scores, *, immediate: bool) -> None:
+        """Add these rows to ``scores``."""
+        scores.update(
+            self.logits,
+            self.labels,
+            self.weights,
+            immediate=immediate,
+            oracle=self.oracle,
+            keys=self.keys,
+        )
+
     def take(self, rows: np.ndarray) -> _Rows:
         def pick(values: np.ndarray | None) -> np.ndarray | None:
             return None if values is None else values[rows]
@@ -127,15 +138,7 @@ class EventWindows:
             if key in self.closed:
                 self.late[channel] += len(chosen.logits)
                 continue
-            scores = self.open.get(key) or self._open(key)
-            scores.update(
-                chosen.logits,
-                chosen.labels,
-                chosen.weights,
-                immediate=immediate,
-                oracle=chosen.oracle,
-                keys=chosen.keys,
-            )
+            chosen.score(self.open.get(key) or self._open(key), immediate=immediate)
 
     def _open(self, key: tuple[str, int]) -> Scores:
         if len(self.open) >= self.max_windows:
@@ -250,14 +253,7 @@ class ProgressiveScores:
                 self.by_channel.setdefault(channel, Scores(1_000_000, oracle=self.oracle)),
                 self.by_pass.setdefault(cut, Scores(1_000_000, oracle=self.oracle)),
             ):
-                scores.update(
-                    rows.logits,
-                    rows.labels,
-                    rows.weights,
-                    immediate=immediate,
-                    oracle=rows.oracle,
-                    keys=rows.keys,
-                )
+                rows.score(scores, immediate=immediate)
             if not repeated:
                 self.windows.update(channel, rows, immediate=immediate)
 
