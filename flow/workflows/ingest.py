@@ -3,13 +3,15 @@
 The file is read in batches (:mod:`flow.workflows.readers`), each batch converted to types
 Iceberg and the pipelines take (time columns to UTC microseconds by
 :mod:`flow.workflows.timestamps`; unsigned integers, half floats, dictionaries widened), and
-written in one Iceberg transaction: a load that fails half-way leaves the table as it was.
+written in one Iceberg transaction: a load that fails half-way leaves the table as it was, and
+deletes the data files and manifests it had written (pyiceberg writes them before the commit).
 The plan (every column's type in the file, in the table and as a pipeline ``Field``) comes from
 the first batch, before anything is written, so ``--dry-run`` can show it alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Literal, get_args
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
+from pyiceberg.io import FileIO, InputFile, OutputFile
 from pyiceberg.table import Transaction
 
 from flow.config import StackConfig
@@ -382,8 +385,59 @@ def _gathered(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table
         yield pa.Table.from_batches(pending)
 
 
+class _RecordedIO(FileIO):
+    """A table's FileIO that notes every file written through it, so that a load which fails
+    deletes what it wrote: pyiceberg writes data files and manifests as rows are appended,
+    before the commit, and a file no snapshot names is never read but never removed either."""
+
+    def __init__(self, io: FileIO) -> None:
+        super().__init__(io.properties)
+        self._io = io
+        self.written: list[str] = []
+
+    def new_input(self, location: str) -> InputFile:
+        return self._io.new_input(location)
+
+    def new_output(self, location: str) -> OutputFile:
+        self.written.append(location)
+        return self._io.new_output(location)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        self._io.delete(location)
+
+    def delete_written(self) -> None:
+        for location in reversed(self.written):
+            with contextlib.suppress(OSError):  # what was never made, or is gone already
+                self._io.delete(location)
+
+
+def _recorded(tx: Transaction) -> _RecordedIO:
+    """``tx``'s table writing through a :class:`_RecordedIO`."""
+    # The transaction writes through its table's io; a CreateTableTransaction's table is only
+    # reachable as tx._table.
+    table = tx._table
+    recorded = _RecordedIO(table.io)
+    table.io = recorded
+    return recorded
+
+
+def _append_all(
+    tx: Transaction, load: Load, target: pa.Schema | None, progress: Progress
+) -> tuple[int, int]:
+    """Every row of ``load`` appended in ``tx``, in files of ``load.file_rows``: (rows, files)."""
+    plan = load.plan
+    rows = files = 0
+    for chunk in _gathered(load._rest, load.file_rows):
+        chunk = chunk.cast(plan.schema) if target is None else _conform(chunk, target, plan.table)
+        tx.append(chunk)
+        rows += chunk.num_rows
+        files += 1
+        progress(rows, load.input.done(), load.input.total)
+    return rows, files
+
+
 def write_table(load: Load, progress: Progress = _quiet) -> LoadReport:
-    """Write an opened load (see :class:`Load`)."""
+    """Write an opened load (see :class:`Load`); one that fails deletes the files it wrote."""
     plan, catalog = load.plan, load.catalog
     namespace, _ = check_table_name(plan.table)
     catalog.create_namespace_if_not_exists(namespace)
@@ -401,17 +455,16 @@ def write_table(load: Load, progress: Progress = _quiet) -> LoadReport:
         tx = table.transaction()
     else:
         tx = catalog.create_table_transaction(plan.table, schema=plan.schema)
-    rows = files = 0
-    for chunk in _gathered(load._rest, load.file_rows):
-        chunk = chunk.cast(plan.schema) if target is None else _conform(chunk, target, plan.table)
-        tx.append(chunk)
-        rows += chunk.num_rows
-        files += 1
-        progress(rows, load.input.done(), load.input.total)
-    if exists and plan.mode == "replace":
-        # Dropped only now, so that a load which failed above left the old table in place.
-        catalog.drop_table(plan.table)
-    tx.commit_transaction()
+    written = _recorded(tx)
+    try:
+        rows, files = _append_all(tx, load, target, progress)
+        if exists and plan.mode == "replace":
+            # Dropped only now, so that a load which failed above left the old table in place.
+            catalog.drop_table(plan.table)
+        tx.commit_transaction()
+    except BaseException:
+        written.delete_written()
+        raise
     snapshot = catalog.load_table(plan.table).current_snapshot()
     return LoadReport(
         plan.table,

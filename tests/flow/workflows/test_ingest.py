@@ -240,12 +240,19 @@ def test_an_existing_table_needs_append_or_replace(stack: StackConfig, tmp_path:
     assert rows(stack) == [{"id": 7, "w": "b"}]
 
 
+def table_files(stack: StackConfig, table: str = "mine.events") -> set[Path]:
+    """The data files and manifests under the table's folder (not its metadata JSON)."""
+    location = open_catalog(stack.catalog).load_table(table).location().removeprefix("file://")
+    return {p for p in Path(location).rglob("*") if p.suffix in (".parquet", ".avro")}
+
+
 def test_a_load_that_fails_half_way_leaves_the_table_as_it_was(
     stack: StackConfig, tmp_path: Path
 ) -> None:
     good = tmp_path / "good.csv"
     good.write_text("n,ts\n0,2024-05-01 12:00:00\n")
     load(stack, good)
+    before = table_files(stack)
     bad = tmp_path / "bad.csv"
     lines = [f"{n},2024-05-01 12:00:00\n" for n in range(10_000)]
     lines[9_000] = "9000,yesterday\n"
@@ -267,6 +274,21 @@ def test_a_load_that_fails_half_way_leaves_the_table_as_it_was(
     finally:
         opened.close()
     assert rows(stack) == [{"n": 0, "ts": NOON_UTC}]
+    # Nine files of 1,000 rows were written before the bad row: none of them is left.
+    assert table_files(stack) == before
+
+
+def test_a_failed_append_deletes_the_files_it_wrote(stack: StackConfig, tmp_path: Path) -> None:
+    good = tmp_path / "good.csv"
+    good.write_text("code\n1\n")
+    load(stack, good)
+    before = table_files(stack)
+    drift = tmp_path / "drift.csv"
+    drift.write_text("code\n" + "2\n" * 20_000 + "A7\n")  # not a long, after some files
+    with pytest.raises(LoadError, match=r"--type NAME=string"):
+        load(stack, drift, mode="append", block_bytes=16 * 1024, file_rows=1_000)
+    assert table_files(stack) == before
+    assert rows(stack) == [{"code": 1}]
 
 
 def test_a_later_block_that_breaks_the_inferred_type_says_to_declare_it(
