@@ -108,6 +108,9 @@ class LoadOptions:
     """CSV: the field separator (default ``,``; ``\\t`` for .tsv files)."""
     mode: Mode = "create"
     """create: refuse an existing table; append: add rows; replace: replace the table."""
+    add_columns: bool = False
+    """append: add the file's columns the table lacks to it (its rows read null in them);
+    without it such columns are an error that names them."""
     file_rows: int = 1_000_000
     """Rows per data file written (the batches read are gathered up to this)."""
     block_bytes: int = 4 << 20
@@ -134,6 +137,11 @@ class LoadOptions:
             )
         if self.file_rows < 1:
             raise ConfigError(f"file_rows={self.file_rows} must be at least 1")
+        if self.add_columns and self.mode != "append":
+            raise ConfigError(
+                "--add-columns adds a file's new columns to a table it appends to: "
+                "pass it with --append"
+            )
 
     @property
     def time_columns(self) -> tuple[str, ...]:
@@ -193,12 +201,17 @@ class LoadPlan:
     exists: bool
     mode: Mode
     hints: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()
+    """Columns an append adds to the table (``--add-columns``)."""
 
     @property
     def action(self) -> str:
         if not self.exists:
             return f"create {self.table}"
-        return f"{'append to' if self.mode == 'append' else 'replace'} {self.table}"
+        if self.mode != "append":
+            return f"replace {self.table}"
+        adding = f", adding column(s) {', '.join(self.added)}" if self.added else ""
+        return f"append to {self.table}{adding}"
 
 
 @dataclass(frozen=True)
@@ -356,7 +369,10 @@ def _conform(rows: pa.Table, target: pa.Schema, table: str) -> pa.Table:
     if extra or lacking:
         parts = []
         if extra:
-            parts.append(f"the table has no column(s) {', '.join(extra)}")
+            parts.append(
+                f"the table has no column(s) {', '.join(extra)} (--add-columns adds them; the "
+                "rows already in it read null there)"
+            )
         if lacking:
             parts.append(f"the file has no column(s) {', '.join(lacking)}")
         raise LoadError(
@@ -421,6 +437,14 @@ def _recorded(tx: Transaction) -> _RecordedIO:
     return recorded
 
 
+def _add_columns(tx: Transaction, plan: LoadPlan) -> pa.Schema:
+    """The table's schema in ``tx`` with the plan's new columns added (optional: the rows
+    already in it read null there)."""
+    with tx.update_schema() as update:
+        update.union_by_name(pa.schema([plan.schema.field(n) for n in plan.added]))
+    return tx.table_metadata.schema().as_arrow()
+
+
 def _append_all(
     tx: Transaction, load: Load, target: pa.Schema | None, progress: Progress
 ) -> tuple[int, int]:
@@ -457,6 +481,8 @@ def write_table(load: Load, progress: Progress = _quiet) -> LoadReport:
         tx = catalog.create_table_transaction(plan.table, schema=plan.schema)
     written = _recorded(tx)
     try:
+        if target is not None and plan.added:
+            target = _add_columns(tx, plan)
         rows, files = _append_all(tx, load, target, progress)
         if exists and plan.mode == "replace":
             # Dropped only now, so that a load which failed above left the old table in place.
@@ -488,6 +514,7 @@ def open_load(
     truncated: Callable[[], dict[str, int]] = dict,
     file_rows: int = 1_000_000,
     preview_rows: int = 5,
+    add_columns: bool = False,
 ) -> Load:
     """A load of ``batches`` converted by ``convert``: the first batch is read and converted
     now, for the plan. ``flow import`` formats use this with converters of their own."""
@@ -500,8 +527,12 @@ def open_load(
     schema = pa.schema([pa.field(f.name, f.type) for f in converted.schema])
     catalog = open_catalog(stack.catalog)
     exists = catalog.table_exists(table)
+    added: tuple[str, ...] = ()
     if exists and mode == "append":
         target = catalog.load_table(table).schema().as_arrow()
+        if add_columns:
+            added = tuple(n for n in schema.names if n not in target.names)
+        target = pa.schema([*target, *(schema.field(n) for n in added)])
         _conform(pa.Table.from_batches([converted]), target, table)
     found = notes()
     columns = []
@@ -524,7 +555,7 @@ def open_load(
         for c in columns
         if not _FIELD_NAME.match(c.name)
     )
-    plan = LoadPlan(table, source, tuple(columns), schema, exists, mode, hints)
+    plan = LoadPlan(table, source, tuple(columns), schema, exists, mode, hints, added)
 
     def rest() -> Iterator[pa.RecordBatch]:
         yield converted
@@ -580,6 +611,7 @@ def load_file(stack: StackConfig, path: Path, options: LoadOptions) -> Load:
             notes=lambda: convert.notes,
             truncated=lambda: dict(convert.truncated),
             file_rows=options.file_rows,
+            add_columns=options.add_columns,
         )
     except BaseException:
         opened.close()

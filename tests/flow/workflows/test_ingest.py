@@ -233,7 +233,8 @@ def test_an_existing_table_needs_append_or_replace(stack: StackConfig, tmp_path:
     other = tmp_path / "b.csv"
     other.write_text("id,w\n7,b\n")
     with pytest.raises(
-        LoadError, match=r"the table has no column.s. w; the file has no column.s. v"
+        LoadError,
+        match=r"the table has no column.s. w \(--add-columns .*; the file has no column.s. v",
     ):
         load(stack, other, mode="append")
     load(stack, other, mode="replace")
@@ -300,3 +301,25 @@ def test_a_later_block_that_breaks_the_inferred_type_says_to_declare_it(
         load(stack, path, block_bytes=16 * 1024)
     load(stack, path, types={"code": "string"}, block_bytes=16 * 1024)
     assert len(rows(stack)) == 20_001
+
+
+def test_an_append_adds_new_columns_only_when_told_and_a_failed_one_adds_none(
+    stack: StackConfig, tmp_path: Path
+) -> None:
+    first = tmp_path / "a.csv"
+    first.write_text("id\n1\n")
+    load(stack, first)
+    wider = tmp_path / "b.csv"
+    wider.write_text("id,extra\n2,x\n")
+    with pytest.raises(LoadError, match=r"no column.s. extra \(--add-columns adds them"):
+        load(stack, wider, mode="append")
+    bad = tmp_path / "c.csv"
+    bad.write_text("id,n\n" + "3,1\n" * 20_000 + "4,A7\n")
+    with pytest.raises(LoadError, match=r"--type NAME=string"):
+        load(stack, bad, mode="append", add_columns=True, block_bytes=16 * 1024, file_rows=1_000)
+    schema = open_catalog(stack.catalog).load_table("mine.events").schema()
+    assert [f.name for f in schema.fields] == ["id"]  # the failed load added no column
+    load(stack, wider, mode="append", add_columns=True)
+    assert rows(stack) == [{"id": 1, "extra": None}, {"id": 2, "extra": "x"}]
+    with pytest.raises(ConfigError, match=r"--add-columns .* with --append"):
+        LoadOptions("mine.events", add_columns=True)
