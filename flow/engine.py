@@ -21,6 +21,7 @@ from flow.config import StackConfig
 from flow.errors import ConfigError, EngineNotFoundError
 
 __all__ = [
+    "CONNECTORS",
     "ENGINE_GROUP",
     "TRAINER_GROUP",
     "BatchEngine",
@@ -30,6 +31,7 @@ __all__ = [
     "TensorBackend",
     "load_engine",
     "load_tensor_backend",
+    "parse_connectors",
 ]
 
 ENGINE_GROUP = "primus_flow.engines"
@@ -37,6 +39,26 @@ TRAINER_GROUP = "primus_flow.trainers"
 _EXTRAS = {"spark": "spark", "torch": "train"}
 
 Mode = Literal["available-now", "continuous"]
+
+CONNECTORS = ("delta", "kafka")
+"""Connectors a job can go without, so that its driver starts with fewer jars; Iceberg's (the
+stack's catalog) is always there. A job's set is a frozenset of these (None: all of them)."""
+
+
+def parse_connectors(text: str) -> frozenset[str] | None:
+    """``--connectors``: ``all`` (None), ``none``, or a comma list such as ``kafka,delta``."""
+    if text.strip() == "all":
+        return None
+    if text.strip() == "none":
+        return frozenset()
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(names - set(CONNECTORS))
+    if unknown:
+        raise ConfigError(
+            f"--connectors {text!r}: no connector {', '.join(unknown)}; give all, none or a "
+            f"comma list of {', '.join(CONNECTORS)} (Iceberg is always there)"
+        )
+    return names
 
 
 @dataclass(frozen=True)
@@ -88,13 +110,21 @@ class Launch:
 class BatchEngine(Protocol):
     """What ``flow submit`` / ``flow run`` and pipeline files need from a Spark-like engine."""
 
-    def submit_options(self, stack: StackConfig, master: str | None = None) -> list[str]:
+    def submit_options(
+        self,
+        stack: StackConfig,
+        master: str | None = None,
+        connectors: frozenset[str] | None = None,
+    ) -> list[str]:
         """Launcher options that give a job on ``master`` (default: the stack's) the stack
-        (jars, catalogs, ...)."""
+        (jars, catalogs, ...), with only ``connectors`` of :data:`CONNECTORS` (None: all)."""
         ...
 
-    def submit_command(self, argv: Sequence[str], stack: StackConfig) -> Launch:
-        """The launch of ``argv`` (launcher options, the app, its arguments) with the stack."""
+    def submit_command(
+        self, argv: Sequence[str], stack: StackConfig, connectors: frozenset[str] | None = None
+    ) -> Launch:
+        """The launch of ``argv`` (launcher options, the app, its arguments) with the stack,
+        with only ``connectors`` of :data:`CONNECTORS` (None: all)."""
         ...
 
     def run(self, spec: Any, stack: StackConfig, options: RunOptions) -> int:

@@ -16,10 +16,13 @@ from flow.config import LOOPBACK, CatalogConfig, S3Config, StackConfig, is_s3
 from flow.stack.iceberg import s3_properties
 
 __all__ = [
+    "CONNECTORS_KEY",
     "LAUNCH_KEYS",
     "REQUIRED_CLASSES",
     "catalog_conf",
+    "connectors_given",
     "is_local_master",
+    "required_classes",
     "s3_conf",
     "session_conf",
     "stack_conf",
@@ -49,6 +52,29 @@ REQUIRED_CLASSES = {
     "Kafka (spark-sql-kafka)": "org.apache.spark.sql.kafka010.KafkaSourceProvider",
     "SQLite JDBC (sqlite-jdbc)": "org.sqlite.JDBC",
 }
+
+
+#: The connectors of :data:`REQUIRED_CLASSES` a job can be launched without.
+_OPTIONAL_CLASSES = {"delta": "Delta (delta-spark)", "kafka": "Kafka (spark-sql-kafka)"}
+
+CONNECTORS_KEY = "spark.flow.connectors"
+"""The optional connectors (flow.engine.CONNECTORS) a job was launched with, comma-separated:
+the session then asks for no others' extensions, catalogs or classes. Unset: all of them."""
+
+
+def connectors_given(value: str | None) -> frozenset[str] | None:
+    """The connectors :data:`CONNECTORS_KEY` names (None: unset, all)."""
+    if value is None:
+        return None
+    return frozenset(n for n in value.split(",") if n)
+
+
+def required_classes(connectors: frozenset[str] | None) -> dict[str, str]:
+    """:data:`REQUIRED_CLASSES` of a job with ``connectors`` (None: all)."""
+    if connectors is None:
+        return dict(REQUIRED_CLASSES)
+    left_out = {name for c, name in _OPTIONAL_CLASSES.items() if c not in connectors}
+    return {name: cls for name, cls in REQUIRED_CLASSES.items() if name not in left_out}
 
 
 def is_local_master(master: str) -> bool:
@@ -110,11 +136,24 @@ def s3_conf(s3: S3Config) -> dict[str, str]:
     return conf
 
 
-def session_conf(stack: StackConfig, *, local: bool) -> dict[str, str]:
-    """Settings a session can take at creation: catalogs, extensions, time zone, local tuning."""
+def _delta_conf(*, local: bool) -> dict[str, str]:
     conf = {
         "spark.sql.extensions": f"{ICEBERG_EXTENSIONS},{DELTA_EXTENSIONS}",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    }
+    if local:
+        # Delta's 50 snapshot partitions are sized for clusters (see the shuffle partitions).
+        conf["spark.databricks.delta.snapshotPartitions"] = str(max(2, os.cpu_count() or 2))
+    return conf
+
+
+def session_conf(
+    stack: StackConfig, *, local: bool, connectors: frozenset[str] | None = None
+) -> dict[str, str]:
+    """Settings a session can take at creation: catalogs, extensions, time zone, local tuning;
+    Delta's extension and catalog unless ``connectors`` leaves Delta out (None: all)."""
+    conf = {
+        "spark.sql.extensions": ICEBERG_EXTENSIONS,
         # Event-time pipelines compare timestamps across sources; one zone avoids surprises.
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.warehouse.dir": str(stack.home / "spark-warehouse"),
@@ -136,13 +175,12 @@ def session_conf(stack: StackConfig, *, local: bool) -> dict[str, str]:
             {
                 "spark.driver.bindAddress": LOOPBACK,
                 "spark.driver.host": LOOPBACK,
-                # 200 shuffle partitions and Delta's 50 snapshot partitions are sized for
-                # clusters; on one machine they turn a small job into hundreds of tiny tasks.
+                # 200 shuffle partitions are sized for clusters; on one machine they turn a
+                # small job into hundreds of tiny tasks.
                 # One per core: a stateful stream keeps a state store per partition and side,
                 # and their per-batch commits dominate small micro-batches (measured: 2 vs 4
                 # partitions, 3.4k vs 2.0k rows/s at 20k rows per batch on 2 cores).
                 "spark.sql.shuffle.partitions": str(max(2, cores)),
-                "spark.databricks.delta.snapshotPartitions": str(max(2, cores)),
                 # On one machine shuffle blocks never cross a network, and CPU is what runs
                 # out: LZ4 on them was 30-45 % of the handoff export's JVM task time
                 # (async-profiler), and the export ran 8-13 % faster without it (Spark-write
@@ -160,6 +198,8 @@ def session_conf(stack: StackConfig, *, local: bool) -> dict[str, str]:
             # Python tasks without re-reading Spark's archives or collecting pyspark's objects
             # each time: 16 empty Arrow tasks took 1.5 s, 0.56 s with it (spark_jobs.pyworker).
             conf["spark.python.daemon.module"] = "spark_jobs.pyworker"
+    if connectors is None or "delta" in connectors:
+        conf.update(_delta_conf(local=local))
     return conf
 
 
@@ -169,8 +209,10 @@ def stack_conf(
     driver_classpath: Sequence[Path],
     *,
     master: str,
+    connectors: frozenset[str] | None = None,
 ) -> dict[str, str]:
-    """Every setting for a job on ``master``: :func:`session_conf` plus the launch-only ones."""
+    """Every setting for a job on ``master``: :func:`session_conf` plus the launch-only ones;
+    ``connectors`` (None: all) is recorded for the session (:data:`CONNECTORS_KEY`)."""
     local = is_local_master(master)
     conf = {
         "spark.master": master,
@@ -178,8 +220,10 @@ def stack_conf(
         # JDBC drivers register with java.sql.DriverManager only from the system classpath.
         "spark.driver.extraClassPath": ":".join(str(j) for j in driver_classpath),
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{DRIVER_LOG4J2}",
-        **session_conf(stack, local=local),
+        **session_conf(stack, local=local, connectors=connectors),
     }
+    if connectors is not None:
+        conf[CONNECTORS_KEY] = ",".join(sorted(connectors))
     if local:
         conf["spark.driver.memory"] = stack.spark.driver_memory
     return conf

@@ -19,11 +19,18 @@ __all__ = ["SparkEngine"]
 class SparkEngine:
     """Launches jobs through spark-submit and runs pipeline definitions in a Spark driver."""
 
-    def submit_options(self, stack: StackConfig, master: str | None = None) -> list[str]:
-        return submit.submit_options(stack, master)
+    def submit_options(
+        self,
+        stack: StackConfig,
+        master: str | None = None,
+        connectors: frozenset[str] | None = None,
+    ) -> list[str]:
+        return submit.submit_options(stack, master, connectors)
 
-    def submit_command(self, argv: Sequence[str], stack: StackConfig) -> Launch:
-        return submit.submit_command(argv, stack)
+    def submit_command(
+        self, argv: Sequence[str], stack: StackConfig, connectors: frozenset[str] | None = None
+    ) -> Launch:
+        return submit.submit_command(argv, stack, connectors)
 
     def run(self, spec: Any, stack: StackConfig, options: RunOptions) -> int:
         if isinstance(spec, Pipeline):

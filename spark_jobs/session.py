@@ -22,7 +22,14 @@ from flow.config import LOOPBACK, StackConfig
 from flow.errors import SparkSetupError
 from flow.secrets import is_secret
 from flow.stack import jars
-from spark_jobs.conf import REQUIRED_CLASSES, is_local_master, session_conf, stack_conf
+from spark_jobs.conf import (
+    CONNECTORS_KEY,
+    connectors_given,
+    is_local_master,
+    required_classes,
+    session_conf,
+    stack_conf,
+)
 
 __all__ = ["get_session", "launched_by_spark_submit", "stack_jars"]
 
@@ -46,10 +53,15 @@ def _check_pyspark() -> None:
         )
 
 
-def stack_jars(stack: StackConfig) -> jars.ResolvedJars:
-    """The Spark connector jars, plus S3's (Iceberg S3FileIO, Hadoop S3A) when a location is in
-    S3."""
+def stack_jars(stack: StackConfig, connectors: frozenset[str] | None = None) -> jars.ResolvedJars:
+    """The Spark connector jars (of ``connectors`` only, and Iceberg's; None: all), plus S3's
+    (Iceberg S3FileIO, Hadoop S3A) when a location is in S3."""
     resolved = jars.resolve("spark", stack)
+    if connectors is not None:
+        optional = jars.PROFILES["spark"].connectors
+        resolved = resolved.without(
+            m for name, modules in optional if name not in connectors for m in modules
+        )
     if stack.uses_s3:
         s3 = jars.resolve("spark-s3", stack)
         resolved = jars.ResolvedJars(
@@ -58,10 +70,11 @@ def stack_jars(stack: StackConfig) -> jars.ResolvedJars:
     return resolved
 
 
-def _missing_classes(jvm: Any) -> list[str]:
-    """The connectors whose classes the driver JVM cannot load."""
+def _missing_classes(jvm: Any, connectors: frozenset[str] | None) -> list[str]:
+    """The connectors (of those the job was given) whose classes the driver JVM cannot load."""
     utils = jvm.org.apache.spark.util.Utils
-    return [name for name, cls in REQUIRED_CLASSES.items() if not utils.classIsLoadable(cls)]
+    wanted = required_classes(connectors)
+    return [name for name, cls in wanted.items() if not utils.classIsLoadable(cls)]
 
 
 def _launch_jvm(settings: Mapping[str, str]) -> None:
@@ -100,16 +113,18 @@ def get_session(
 
         # Connect to spark-submit's JVM first: until then SparkConf() sees no settings at all.
         SparkContext._ensure_initialized()
-        missing = _missing_classes(SparkContext._jvm)
+        given = SparkConf()  # what spark-submit set, read from the running JVM
+        connectors = connectors_given(given.get(CONNECTORS_KEY, None))
+        missing = _missing_classes(SparkContext._jvm, connectors)
         if missing:
             raise SparkSetupError(
                 f"this job was launched by spark-submit without the stack's jars "
                 f"(missing: {', '.join(missing)}). Launch it with `flow submit APP.py`, or add "
                 "the output of `flow spark-args` to your spark-submit command"
             )
-        given = SparkConf()  # what spark-submit set, read from the running JVM
         master = given.get("spark.master", "local[*]") or "local[*]"
-        wanted = {**session_conf(stack, local=is_local_master(master)), **(conf or {})}
+        local = is_local_master(master)
+        wanted = {**session_conf(stack, local=local, connectors=connectors), **(conf or {})}
         for key, value in wanted.items():
             if not given.contains(key):
                 builder = builder.config(key, value)

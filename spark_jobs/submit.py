@@ -109,9 +109,13 @@ def spark_submit_executable() -> str:
     return found
 
 
-def _stack_options(stack: StackConfig, master: str) -> dict[str, str]:
-    resolved = stack_jars(stack)
-    return stack_conf(stack, resolved.jars, resolved.driver_classpath, master=master)
+def _stack_options(
+    stack: StackConfig, master: str, connectors: frozenset[str] | None
+) -> dict[str, str]:
+    resolved = stack_jars(stack, connectors)
+    return stack_conf(
+        stack, resolved.jars, resolved.driver_classpath, master=master, connectors=connectors
+    )
 
 
 def _launch_options(conf: dict[str, str]) -> list[str]:
@@ -153,15 +157,18 @@ def properties_text(conf: Mapping[str, str], heading: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def submit_options(stack: StackConfig, master: str | None = None) -> list[str]:
+def submit_options(
+    stack: StackConfig, master: str | None = None, connectors: frozenset[str] | None = None
+) -> list[str]:
     """Options for a plain ``spark-submit --master MASTER $(flow spark-args --master MASTER)``.
 
     For a non-local ``master`` (default: the stack's) only what is portable: no loopback
     addresses, local shuffle tuning, driver memory or local Python daemon. The secret settings
     are written to ``$FLOW_HOME/private/spark-args.properties`` (0600, rewritten by each call)
-    and given as ``--properties-file`` with ``--load-spark-defaults``.
+    and given as ``--properties-file`` with ``--load-spark-defaults``. ``connectors`` (None:
+    all) leaves the others' jars and session settings out.
     """
-    conf = _stack_options(stack, master or stack.spark.master)
+    conf = _stack_options(stack, master or stack.spark.master, connectors)
     options = _launch_options(conf)
     secret = {k: v for k, v in conf.items() if is_secret(k, v)}
     options += _conf_options({k: v for k, v in conf.items() if k not in secret})
@@ -182,8 +189,11 @@ def _users_properties(name: str) -> str:
     return f"# From {path.resolve()}\n{text}\n\n"
 
 
-def submit_command(argv: Sequence[str], stack: StackConfig) -> Launch:
-    """The spark-submit launch of ``argv`` with the stack's settings under the user's.
+def submit_command(
+    argv: Sequence[str], stack: StackConfig, connectors: frozenset[str] | None = None
+) -> Launch:
+    """The spark-submit launch of ``argv`` with the stack's settings under the user's; with
+    ``connectors`` (None: all), without the others' jars and session settings.
 
     What looks secret goes to a file in ``$FLOW_HOME/private`` (:attr:`Launch.private_files`),
     which whoever runs the launch deletes when it ends.
@@ -192,7 +202,7 @@ def submit_command(argv: Sequence[str], stack: StackConfig) -> Launch:
     if not Path(args.app).exists():
         raise ConfigError(f"application {args.app} does not exist (relative to {Path.cwd()})")
     master = args.value("--master") or stack.spark.master
-    conf = _stack_options(stack, master)
+    conf = _stack_options(stack, master, connectors)
     if args.value("--driver-memory") is not None:
         conf.pop("spark.driver.memory", None)
     ours = _launch_options(conf)

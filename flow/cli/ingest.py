@@ -69,6 +69,12 @@ def _show(load: Load, dry_run: bool) -> None:
         )
     elif dry_run:
         console.print(f"would {plan.action}")
+    if plan.added and not dry_run:
+        console.print(
+            f"adding column(s) {escape(', '.join(plan.added))} to {plan.table} (--add-columns): "
+            "the rows already in it read null there",
+            highlight=False,
+        )
 
 
 def _write(load: Load) -> LoadReport:
@@ -150,6 +156,11 @@ _dry_run = click.option(
 )
 @click.option("--delimiter", help="CSV field separator (default ',', tab for .tsv).")
 @_append
+@click.option(
+    "--add-columns",
+    is_flag=True,
+    help="With --append: add the file's columns the table lacks (its rows read null there).",
+)
 @_replace
 @_dry_run
 @friendly
@@ -166,6 +177,7 @@ def load(
     label: str | None,
     delimiter: str | None,
     append: bool,
+    add_columns: bool,
     replace: bool,
     dry_run: bool,
 ) -> None:
@@ -189,6 +201,7 @@ def load(
         label=label,
         delimiter=delimiter.replace("\\t", "\t") if delimiter else None,
         mode=_mode(append, replace),
+        add_columns=add_columns,
     )
     _run(lambda: load_file(stack_config(), source, options), dry_run)
 

@@ -35,10 +35,22 @@ def _abbreviated(argv: Sequence[str]) -> str:
     return shlex.join(shown)
 
 
-def launch(argv: Sequence[str], stack: StackConfig, extra: dict[str, str] | None = None) -> int:
+def launch(
+    argv: Sequence[str],
+    stack: StackConfig,
+    extra: dict[str, str] | None = None,
+    connectors: frozenset[str] | None = None,
+) -> int:
+    """Run ``argv`` through spark-submit with the stack, with only ``connectors`` (None: all)."""
     from flow.engine import load_engine
 
-    launch = load_engine("spark").submit_command(list(argv), stack)
+    launch = load_engine("spark").submit_command(list(argv), stack, connectors)
+    if connectors is not None:
+        named = ", ".join(sorted(connectors)) or "none"
+        console.print(
+            f"[dim]connectors beside Iceberg: {named} (--connectors all: every jar)[/]",
+            highlight=False,
+        )
     console.print(f"[dim]$ {escape(_abbreviated(launch.argv))}[/]", highlight=False, soft_wrap=True)
     for note in launch.notes:
         console.print(f"[dim]{escape(note)}[/]", highlight=False, soft_wrap=True)
@@ -69,25 +81,45 @@ def _exit(code: int, argv: Sequence[str]) -> NoReturn:
     raise SystemExit(code)
 
 
-def spark_launcher(stack: StackConfig) -> Callable[[Sequence[str], dict[str, str]], int]:
-    """``launch`` on ``stack``, for the commands that start Spark jobs of their own."""
+def spark_launcher(
+    stack: StackConfig, connectors: str | None = None
+) -> Callable[[Sequence[str], dict[str, str]], int]:
+    """``launch`` on ``stack``, for the commands that start Spark jobs of their own, with
+    ``connectors`` (``--connectors``); None: those the job's pipeline needs (all for a file
+    that is not a pipeline file)."""
+    from flow.workflows.together import pipeline_connectors
 
     def spark(argv: Sequence[str], extra: dict[str, str]) -> int:
-        return launch(argv, stack, extra)
+        chosen = pipeline_connectors(argv) if connectors is None else _connectors(connectors)
+        return launch(argv, stack, extra, chosen)
 
     return spark
 
 
+_CONNECTORS_HELP = (
+    "Spark connectors beside Iceberg's to put on the job: all, none, or a comma list of "
+    "kafka,delta; fewer jars start the driver faster."
+)
+
+
+def _connectors(text: str | None) -> frozenset[str] | None:
+    from flow.engine import parse_connectors
+
+    return None if text is None else parse_connectors(text)
+
+
 @click.command(context_settings=_passthrough)
+@click.option("--connectors", metavar="LIST", default="all", help=_CONNECTORS_HELP)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
 @friendly
-def submit(argv: tuple[str, ...]) -> None:
+def submit(argv: tuple[str, ...], connectors: str) -> None:
     """spark-submit APP with the stack's jars, catalogs and Kafka settings.
 
     Options before APP go to spark-submit and win over the stack's (--master, --conf k=v, ...);
-    arguments after APP go to the application.
+    arguments after APP go to the application. --connectors (before APP) leaves out the jars
+    of connectors APP does not use.
     """
-    _exit(launch(argv, stack_config()), argv)
+    _exit(launch(argv, stack_config(), connectors=_connectors(connectors)), argv)
 
 
 @click.command(context_settings=_passthrough)
@@ -103,10 +135,21 @@ def submit(argv: tuple[str, ...]) -> None:
     help="The trainer's settings as a JSON file (TrainConfig); --train options override it.",
 )
 @click.option("--train-procs", default=1, show_default=True, help="Trainer processes (ranks).")
+@click.option(
+    "--connectors",
+    metavar="LIST",
+    default=None,
+    help=_CONNECTORS_HELP + " Default: those the pipeline's sources need (all for a file "
+    "that is not a pipeline file).",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
 @friendly
 def run(
-    argv: tuple[str, ...], train_args: str | None, train_config: Path | None, train_procs: int
+    argv: tuple[str, ...],
+    train_args: str | None,
+    train_config: Path | None,
+    train_procs: int,
+    connectors: str | None,
 ) -> None:
     """Bring the local stack up, then submit APP on it (like `flow submit`).
 
@@ -120,12 +163,14 @@ def run(
 
         given = ["--config", str(train_config)] if train_config else []
         trainer = parse_args([*given, *shlex.split(train_args or "")], prog="flow run --train")
+    _connectors(connectors)  # a mistake in it is told before the stack starts
     stack = stack_up()
+    spark = spark_launcher(stack, connectors)
     if trainer is None:
-        _exit(launch(argv, stack), argv)
+        _exit(spark(argv, {}), argv)
     from flow.workflows.together import run_together
 
-    run_together(argv, trainer, train_procs, stack, spark_launcher(stack), progress)
+    run_together(argv, trainer, train_procs, stack, spark, progress)
 
 
 @click.command(context_settings=_passthrough)

@@ -31,7 +31,7 @@ from flow.pipeline.schema import (
     check_trigger,
     did_you_mean,
 )
-from flow.pipeline.sources import Source
+from flow.pipeline.sources import DeltaSource, KafkaSource, Source
 
 __all__ = [
     "LABEL_STRATEGIES",
@@ -460,6 +460,15 @@ class Pipeline(Definition):
             sources=sources,
             stages=tuple(stage for part in parts for stage in part.stages),
             output=output,
+        )
+
+    def connectors(self) -> frozenset[str]:
+        """The Spark connectors its sources need beyond Iceberg's (flow.engine.CONNECTORS), so
+        that ``flow run`` starts its driver without the others' jars."""
+        kinds = {"kafka": KafkaSource, "delta": DeltaSource}
+        used = list(self.sources.values())
+        return frozenset(
+            name for name, kind in kinds.items() if any(isinstance(s, kind) for s in used)
         )
 
     def source(self, name: str, *, used_by: str) -> Source:

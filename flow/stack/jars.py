@@ -43,6 +43,10 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 _JAR_NAME = re.compile(r"^(?P<module>.+?)-(?P<version>\d.*)\.jar$")
+# The longest prefix before a version (spark-sql-kafka-0-10_2.13-4.1.3.jar: the module
+# spark-sql-kafka-0-10_2.13), which _JAR_NAME cuts short; _JAR_NAME stays as it is because the
+# Spark profile's cache key holds the pyspark modules it names.
+_MODULE = re.compile(r"^(?P<module>.+)-\d[^-]*(?:-[A-Za-z][\w.]*)?\.jar$")
 
 
 @dataclass(frozen=True, order=True)
@@ -79,6 +83,9 @@ class JarProfile:
     transitive: bool = True
     """False: the coordinates' own jars only, none of their dependencies."""
     purpose: str = ""
+    connectors: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Per connector a job can leave out (flow.engine.CONNECTORS), the modules only it needs:
+    :meth:`ResolvedJars.without` drops them. A module no connector names is always kept."""
 
 
 def _spark(artifact: str, version: str) -> Coordinate:
@@ -103,6 +110,31 @@ PROFILES: dict[str, JarProfile] = {
             overrides=(_spark("spark-token-provider-kafka-0-10", versions.KAFKA_TOKEN_PROVIDER),),
             exclude_spark_provided=True,
             driver_classpath=("sqlite-jdbc",),
+            connectors=(
+                (
+                    "kafka",
+                    (
+                        f"spark-sql-kafka-0-10_{versions.SCALA}",
+                        f"spark-token-provider-kafka-0-10_{versions.SCALA}",
+                        "kafka-clients",
+                        "commons-pool2",
+                    ),
+                ),
+                (
+                    "delta",
+                    (
+                        f"delta-spark_4.1_{versions.SCALA}",
+                        "delta-storage",
+                        "delta-kernel-api",
+                        "delta-kernel-defaults",
+                        "delta-kernel-unitycatalog",
+                        "unitycatalog-client",
+                        "unitycatalog-hadoop",
+                        # Delta's POM asks for jackson 2.13's; pyspark has its own jackson.
+                        "jackson-datatype-jdk8",
+                    ),
+                ),
+            ),
             purpose="Spark connectors: Kafka, Iceberg, Delta, SQLite JDBC",
         ),
         JarProfile(
@@ -141,6 +173,18 @@ class ResolvedJars:
     @property
     def classpath(self) -> str:
         return ":".join(str(p) for p in self.jars)
+
+    def without(self, modules: Iterable[str]) -> ResolvedJars:
+        """These jars less those of ``modules`` (artifact names, as in ``kafka-clients``)."""
+        left_out = frozenset(modules)
+        jars = tuple(p for p in self.jars if _module(p) not in left_out)
+        driver = tuple(p for p in self.driver_classpath if _module(p) not in left_out)
+        return ResolvedJars(self.profile, self.folder, jars, driver)
+
+
+def _module(jar: Path) -> str | None:
+    found = _MODULE.match(jar.name)
+    return found["module"] if found else None
 
 
 def pyspark_jars_dir() -> Path:

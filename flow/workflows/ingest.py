@@ -3,13 +3,15 @@
 The file is read in batches (:mod:`flow.workflows.readers`), each batch converted to types
 Iceberg and the pipelines take (time columns to UTC microseconds by
 :mod:`flow.workflows.timestamps`; unsigned integers, half floats, dictionaries widened), and
-written in one Iceberg transaction: a load that fails half-way leaves the table as it was.
+written in one Iceberg transaction: a load that fails half-way leaves the table as it was, and
+deletes the data files and manifests it had written (pyiceberg writes them before the commit).
 The plan (every column's type in the file, in the table and as a pipeline ``Field``) comes from
 the first batch, before anything is written, so ``--dry-run`` can show it alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Literal, get_args
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
+from pyiceberg.io import FileIO, InputFile, OutputFile
 from pyiceberg.table import Transaction
 
 from flow.config import StackConfig
@@ -105,6 +108,9 @@ class LoadOptions:
     """CSV: the field separator (default ``,``; ``\\t`` for .tsv files)."""
     mode: Mode = "create"
     """create: refuse an existing table; append: add rows; replace: replace the table."""
+    add_columns: bool = False
+    """append: add the file's columns the table lacks to it (its rows read null in them);
+    without it such columns are an error that names them."""
     file_rows: int = 1_000_000
     """Rows per data file written (the batches read are gathered up to this)."""
     block_bytes: int = 4 << 20
@@ -131,6 +137,11 @@ class LoadOptions:
             )
         if self.file_rows < 1:
             raise ConfigError(f"file_rows={self.file_rows} must be at least 1")
+        if self.add_columns and self.mode != "append":
+            raise ConfigError(
+                "--add-columns adds a file's new columns to a table it appends to: "
+                "pass it with --append"
+            )
 
     @property
     def time_columns(self) -> tuple[str, ...]:
@@ -190,12 +201,17 @@ class LoadPlan:
     exists: bool
     mode: Mode
     hints: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()
+    """Columns an append adds to the table (``--add-columns``)."""
 
     @property
     def action(self) -> str:
         if not self.exists:
             return f"create {self.table}"
-        return f"{'append to' if self.mode == 'append' else 'replace'} {self.table}"
+        if self.mode != "append":
+            return f"replace {self.table}"
+        adding = f", adding column(s) {', '.join(self.added)}" if self.added else ""
+        return f"append to {self.table}{adding}"
 
 
 @dataclass(frozen=True)
@@ -353,7 +369,10 @@ def _conform(rows: pa.Table, target: pa.Schema, table: str) -> pa.Table:
     if extra or lacking:
         parts = []
         if extra:
-            parts.append(f"the table has no column(s) {', '.join(extra)}")
+            parts.append(
+                f"the table has no column(s) {', '.join(extra)} (--add-columns adds them; the "
+                "rows already in it read null there)"
+            )
         if lacking:
             parts.append(f"the file has no column(s) {', '.join(lacking)}")
         raise LoadError(
@@ -382,8 +401,67 @@ def _gathered(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table
         yield pa.Table.from_batches(pending)
 
 
+class _RecordedIO(FileIO):
+    """A table's FileIO that notes every file written through it, so that a load which fails
+    deletes what it wrote: pyiceberg writes data files and manifests as rows are appended,
+    before the commit, and a file no snapshot names is never read but never removed either."""
+
+    def __init__(self, io: FileIO) -> None:
+        super().__init__(io.properties)
+        self._io = io
+        self.written: list[str] = []
+
+    def new_input(self, location: str) -> InputFile:
+        return self._io.new_input(location)
+
+    def new_output(self, location: str) -> OutputFile:
+        self.written.append(location)
+        return self._io.new_output(location)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        self._io.delete(location)
+
+    def delete_written(self) -> None:
+        for location in reversed(self.written):
+            with contextlib.suppress(OSError):  # what was never made, or is gone already
+                self._io.delete(location)
+
+
+def _recorded(tx: Transaction) -> _RecordedIO:
+    """``tx``'s table writing through a :class:`_RecordedIO`."""
+    # The transaction writes through its table's io; a CreateTableTransaction's table is only
+    # reachable as tx._table.
+    table = tx._table
+    recorded = _RecordedIO(table.io)
+    table.io = recorded
+    return recorded
+
+
+def _add_columns(tx: Transaction, plan: LoadPlan) -> pa.Schema:
+    """The table's schema in ``tx`` with the plan's new columns added (optional: the rows
+    already in it read null there)."""
+    with tx.update_schema() as update:
+        update.union_by_name(pa.schema([plan.schema.field(n) for n in plan.added]))
+    return tx.table_metadata.schema().as_arrow()
+
+
+def _append_all(
+    tx: Transaction, load: Load, target: pa.Schema | None, progress: Progress
+) -> tuple[int, int]:
+    """Every row of ``load`` appended in ``tx``, in files of ``load.file_rows``: (rows, files)."""
+    plan = load.plan
+    rows = files = 0
+    for chunk in _gathered(load._rest, load.file_rows):
+        chunk = chunk.cast(plan.schema) if target is None else _conform(chunk, target, plan.table)
+        tx.append(chunk)
+        rows += chunk.num_rows
+        files += 1
+        progress(rows, load.input.done(), load.input.total)
+    return rows, files
+
+
 def write_table(load: Load, progress: Progress = _quiet) -> LoadReport:
-    """Write an opened load (see :class:`Load`)."""
+    """Write an opened load (see :class:`Load`); one that fails deletes the files it wrote."""
     plan, catalog = load.plan, load.catalog
     namespace, _ = check_table_name(plan.table)
     catalog.create_namespace_if_not_exists(namespace)
@@ -401,17 +479,18 @@ def write_table(load: Load, progress: Progress = _quiet) -> LoadReport:
         tx = table.transaction()
     else:
         tx = catalog.create_table_transaction(plan.table, schema=plan.schema)
-    rows = files = 0
-    for chunk in _gathered(load._rest, load.file_rows):
-        chunk = chunk.cast(plan.schema) if target is None else _conform(chunk, target, plan.table)
-        tx.append(chunk)
-        rows += chunk.num_rows
-        files += 1
-        progress(rows, load.input.done(), load.input.total)
-    if exists and plan.mode == "replace":
-        # Dropped only now, so that a load which failed above left the old table in place.
-        catalog.drop_table(plan.table)
-    tx.commit_transaction()
+    written = _recorded(tx)
+    try:
+        if target is not None and plan.added:
+            target = _add_columns(tx, plan)
+        rows, files = _append_all(tx, load, target, progress)
+        if exists and plan.mode == "replace":
+            # Dropped only now, so that a load which failed above left the old table in place.
+            catalog.drop_table(plan.table)
+        tx.commit_transaction()
+    except BaseException:
+        written.delete_written()
+        raise
     snapshot = catalog.load_table(plan.table).current_snapshot()
     return LoadReport(
         plan.table,
@@ -435,6 +514,7 @@ def open_load(
     truncated: Callable[[], dict[str, int]] = dict,
     file_rows: int = 1_000_000,
     preview_rows: int = 5,
+    add_columns: bool = False,
 ) -> Load:
     """A load of ``batches`` converted by ``convert``: the first batch is read and converted
     now, for the plan. ``flow import`` formats use this with converters of their own."""
@@ -447,8 +527,12 @@ def open_load(
     schema = pa.schema([pa.field(f.name, f.type) for f in converted.schema])
     catalog = open_catalog(stack.catalog)
     exists = catalog.table_exists(table)
+    added: tuple[str, ...] = ()
     if exists and mode == "append":
         target = catalog.load_table(table).schema().as_arrow()
+        if add_columns:
+            added = tuple(n for n in schema.names if n not in target.names)
+        target = pa.schema([*target, *(schema.field(n) for n in added)])
         _conform(pa.Table.from_batches([converted]), target, table)
     found = notes()
     columns = []
@@ -471,7 +555,7 @@ def open_load(
         for c in columns
         if not _FIELD_NAME.match(c.name)
     )
-    plan = LoadPlan(table, source, tuple(columns), schema, exists, mode, hints)
+    plan = LoadPlan(table, source, tuple(columns), schema, exists, mode, hints, added)
 
     def rest() -> Iterator[pa.RecordBatch]:
         yield converted
@@ -527,6 +611,7 @@ def load_file(stack: StackConfig, path: Path, options: LoadOptions) -> Load:
             notes=lambda: convert.notes,
             truncated=lambda: dict(convert.truncated),
             file_rows=options.file_rows,
+            add_columns=options.add_columns,
         )
     except BaseException:
         opened.close()

@@ -23,7 +23,7 @@ from flow.secrets import redact_argv
 from flow.tracking import PARENT_RUN_ENV, MlflowTracker
 from flow.training import TrainConfig, save_config
 
-__all__ = ["TrainerLaunch", "following_the_job", "run_together"]
+__all__ = ["TrainerLaunch", "following_the_job", "pipeline_connectors", "run_together"]
 
 FOLLOW_WAIT_S = 600.0
 """How long the trainer waits for a channel its Spark job has not created yet."""
@@ -84,6 +84,22 @@ def following_the_job(config: TrainConfig, spark_argv: Sequence[str]) -> TrainCo
     if handoff is None and isinstance(output, HandoffOutput):
         handoff = output.location
     return replace(config, namespace=given or pipeline.namespace, handoff=handoff)
+
+
+def pipeline_connectors(spark_argv: Sequence[str]) -> frozenset[str] | None:
+    """The Spark connectors (flow.engine.CONNECTORS) the job's pipeline needs, so that its
+    driver starts without the others' jars; None (all of them) for a job that is not a pipeline
+    file, or one that does not build (the Spark job then reports what is wrong with it)."""
+    from flow.errors import ConfigError
+    from flow.workflows.retrain import load_pipeline
+
+    app = _app(spark_argv)
+    if app is None or not _defines_pipeline(spark_argv[app]):
+        return None
+    try:
+        return load_pipeline(spark_argv[app]).connectors()
+    except (ConfigError, ImportError, SyntaxError):
+        return None
 
 
 def _app(spark_argv: Sequence[str]) -> int | None:

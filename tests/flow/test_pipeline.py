@@ -548,3 +548,16 @@ def test_a_time_split_in_one_line() -> None:
         ctr_streaming().holdout("live", after=at)
     with pytest.raises(ConfigError, match=r"outside the events' range"):
         split.holdout("backfill", after=datetime(2026, 2, 1, tzinfo=UTC))
+
+
+def test_a_pipeline_names_the_connectors_its_sources_need_beyond_icebergs() -> None:
+    from flow.pipeline import DeltaSource
+    from pipelines.ctr import USER_COLUMNS
+
+    assert ctr_backfill().connectors() == frozenset()
+    assert ctr_streaming().connectors() == {"kafka"}
+    users = DeltaSource("users", USER_COLUMNS)
+    with_delta = dataclasses.replace(
+        ctr_streaming(), sources={**ctr_streaming().sources, "users": users}
+    )
+    assert with_delta.connectors() == {"kafka", "delta"}

@@ -115,3 +115,14 @@ def test_a_bad_run_flag_is_a_usage_error_and_a_bad_setting_one_line(tmp_path: Pa
     assert done.returncode == 1
     assert done.stderr.startswith("error: unknown setting(s) FLOW_HANDOF;")
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_connectors_are_all_none_or_a_list_of_known_ones() -> None:
+    from flow.engine import parse_connectors
+    from flow.errors import ConfigError
+
+    assert parse_connectors("all") is None
+    assert parse_connectors("none") == frozenset()
+    assert parse_connectors("kafka, delta") == frozenset({"kafka", "delta"})
+    with pytest.raises(ConfigError, match=r"no connector iceberg.*kafka"):
+        parse_connectors("iceberg,kafka")

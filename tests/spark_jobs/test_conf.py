@@ -6,7 +6,16 @@ from pathlib import Path
 import pytest
 
 from flow.config import StackConfig
-from spark_jobs.conf import LAUNCH_KEYS, catalog_conf, session_conf, stack_conf
+from spark_jobs.conf import (
+    ICEBERG_EXTENSIONS,
+    LAUNCH_KEYS,
+    REQUIRED_CLASSES,
+    catalog_conf,
+    connectors_given,
+    required_classes,
+    session_conf,
+    stack_conf,
+)
 
 
 def test_the_sql_catalog_opens_the_same_sqlite_file_as_pyiceberg(tmp_path: Path) -> None:
@@ -81,3 +90,21 @@ def test_every_master_gets_the_jit_sized_codegen_limit(tmp_path: Path) -> None:
     stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
     for local in (True, False):  # HotSpot's limit is the same on a cluster's executors
         assert session_conf(stack, local=local)["spark.sql.codegen.hugeMethodLimit"] == "8000"
+
+
+def test_a_session_without_delta_asks_for_neither_its_extension_nor_its_classes(
+    tmp_path: Path,
+) -> None:
+    stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
+    bare = session_conf(stack, local=True, connectors=frozenset())
+    assert bare["spark.sql.extensions"] == ICEBERG_EXTENSIONS
+    assert not any("delta" in key for key in bare)
+    assert set(required_classes(frozenset())) == {
+        "Iceberg (iceberg-spark-runtime)",
+        "SQLite JDBC (sqlite-jdbc)",
+    }
+    assert "Kafka (spark-sql-kafka)" in required_classes(frozenset({"kafka"}))
+    assert required_classes(None) == REQUIRED_CLASSES
+    assert connectors_given(None) is None  # a plain spark-submit $(flow spark-args): all
+    assert connectors_given("delta,kafka") == frozenset({"delta", "kafka"})
+    assert connectors_given("") == frozenset()

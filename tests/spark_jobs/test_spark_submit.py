@@ -206,3 +206,40 @@ def test_a_mistake_in_a_pipeline_file_under_flow_run_is_one_line_and_its_exit_co
     debug = run_flow(["--debug", "run", str(app)], stack_env)
     assert debug.returncode == 1
     assert "Traceback (most recent call last)" in debug.stdout + debug.stderr
+
+
+CONNECTORS_APP = """
+import json
+from spark_jobs.session import get_session
+spark = get_session(app_name="connectors-test")
+jvm = spark.sparkContext._jvm
+loadable = jvm.org.apache.spark.util.Utils.classIsLoadable
+print("RESULT " + json.dumps({
+    "extensions": spark.conf.get("spark.sql.extensions"),
+    "delta": loadable("org.apache.spark.sql.delta.catalog.DeltaCatalog"),
+    "kafka": loadable("org.apache.spark.sql.kafka010.KafkaSourceProvider"),
+    "namespaces": spark.sql("SHOW NAMESPACES IN flow").count(),  # the Iceberg catalog works
+    "rows": spark.range(3).count(),
+}))
+"""
+
+
+def test_a_job_given_no_kafka_or_delta_starts_without_their_jars_and_asks_for_neither(
+    running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(CONNECTORS_APP)
+    done = run_flow(["submit", "--connectors", "none", "--master", "local[1]", str(app)], stack_env)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    result = _result(done.stdout)
+    assert (result["delta"], result["kafka"]) == (False, False)  # their jars were left out
+    assert "Delta" not in str(result["extensions"])  # and the session asked for no Delta class
+    assert result["rows"] == 3
+    kafka = run_flow(
+        ["submit", "--connectors", "kafka", "--master", "local[1]", str(app)], stack_env
+    )
+    assert kafka.returncode == 0, kafka.stderr[-3000:]
+    assert {k: _result(kafka.stdout)[k] for k in ("delta", "kafka")} == {
+        "delta": False,
+        "kafka": True,
+    }

@@ -19,11 +19,16 @@ from spark_jobs import submit
 @pytest.fixture
 def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StackConfig:
     lib = tmp_path / "lib"
+    names = ("iceberg.jar", "sqlite-jdbc-1.jar", *KAFKA_JARS, *DELTA_JARS)
     resolved = jars.ResolvedJars(
-        "spark", lib, (lib / "iceberg.jar", lib / "sqlite-jdbc-1.jar"), (lib / "sqlite-jdbc-1.jar",)
+        "spark", lib, tuple(lib / n for n in names), (lib / "sqlite-jdbc-1.jar",)
     )
-    monkeypatch.setattr(submit, "stack_jars", lambda _stack: resolved)
+    monkeypatch.setattr(jars, "resolve", lambda _name, _stack: resolved)
     return StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
+
+
+KAFKA_JARS = ("spark-sql-kafka-0-10_2.13-4.1.3.jar", "kafka-clients-3.9.1.jar")
+DELTA_JARS = ("delta-spark_4.1_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")
 
 
 @pytest.fixture
@@ -78,9 +83,13 @@ def test_the_stack_settings_are_added_under_the_users(stack: StackConfig, app: s
     assert not any(c.startswith("spark.sql.session.timeZone=UTC") for c in confs)
     assert any(c.startswith("spark.sql.catalog.flow.uri=jdbc:sqlite:") for c in confs)
     # spark-submit keeps only the last --jars: the user's jars are merged into the stack's.
-    assert _pairs(argv, "--jars") == [
-        f"{stack.home}/lib/iceberg.jar,{stack.home}/lib/sqlite-jdbc-1.jar,/opt/extra.jar"
+    jars_given = _pairs(argv, "--jars")[0].split(",")
+    assert jars_given[:2] == [
+        f"{stack.home}/lib/iceberg.jar",
+        f"{stack.home}/lib/sqlite-jdbc-1.jar",
     ]
+    assert jars_given[-1] == "/opt/extra.jar"
+    assert len(jars_given) == 2 + len(KAFKA_JARS) + len(DELTA_JARS) + 1  # every connector's
     assert _pairs(argv, "--driver-class-path") == [f"{stack.home}/lib/sqlite-jdbc-1.jar"]
     assert launch.env["SPARK_LOCAL_IP"] == "127.0.0.1"
     assert launch.env["PYSPARK_PYTHON"]
@@ -135,7 +144,7 @@ SECRET = "s3cr3t-value=a:b#c"
 def secret_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StackConfig:
     lib = tmp_path / "lib"
     resolved = jars.ResolvedJars("spark", lib, (lib / "iceberg.jar",), ())
-    monkeypatch.setattr(submit, "stack_jars", lambda _stack: resolved)
+    monkeypatch.setattr(jars, "resolve", lambda _name, _stack: resolved)
     return StackConfig.from_env(
         {
             "FLOW_HOME": str(tmp_path / "home"),
@@ -312,3 +321,42 @@ def test_a_job_that_wrote_no_archive_leaves_none(stack: StackConfig, app: str) -
     (finish,) = launch.on_exit
     finish(137)  # killed before its JVM could write the archive
     assert list((stack.home / "jvm").iterdir()) == []
+
+
+def _jar_names(argv: list[str]) -> set[str]:
+    return {Path(j).name for j in _pairs(argv, "--jars")[0].split(",")}
+
+
+def test_a_job_without_kafka_or_delta_gets_neither_their_jars_nor_deltas_catalog(
+    stack: StackConfig, app: str
+) -> None:
+    argv = submit.submit_command([app], stack, frozenset()).argv
+    assert _jar_names(argv) == {"iceberg.jar", "sqlite-jdbc-1.jar"}
+    confs = dict(c.split("=", 1) for c in _pairs(argv, "--conf"))
+    assert "Delta" not in confs["spark.sql.extensions"]
+    assert "spark.sql.catalog.spark_catalog" not in confs
+    assert confs["spark.flow.connectors"] == ""  # the session asks for none of theirs either
+
+
+def test_a_job_gets_the_jars_and_settings_of_the_connectors_it_names(
+    stack: StackConfig, app: str
+) -> None:
+    kafka = submit.submit_command([app], stack, frozenset({"kafka"})).argv
+    assert _jar_names(kafka) == {"iceberg.jar", "sqlite-jdbc-1.jar", *KAFKA_JARS}
+    assert not any("DeltaCatalog" in c for c in _pairs(kafka, "--conf"))
+    delta = submit.submit_command([app], stack, frozenset({"delta"})).argv
+    assert _jar_names(delta) == {"iceberg.jar", "sqlite-jdbc-1.jar", *DELTA_JARS}
+    confs = dict(c.split("=", 1) for c in _pairs(delta, "--conf"))
+    assert confs["spark.sql.catalog.spark_catalog"].endswith("DeltaCatalog")
+    assert "DeltaSparkSessionExtension" in confs["spark.sql.extensions"]
+    every = submit.submit_command([app], stack).argv  # a script flow knows nothing of: all
+    assert _jar_names(every) == {"iceberg.jar", "sqlite-jdbc-1.jar", *KAFKA_JARS, *DELTA_JARS}
+    assert not any(c.startswith("spark.flow.connectors=") for c in _pairs(every, "--conf"))
+
+
+def test_each_jar_set_gets_a_class_archive_of_its_own(stack: StackConfig, app: str) -> None:
+    def made(connectors: frozenset[str] | None) -> str:
+        options = _java_options(submit.submit_command([app], stack, connectors).argv)
+        return Path(options.split("-XX:ArchiveClassesAtExit=")[1].split()[0]).name.split(".")[1]
+
+    assert len({made(None), made(frozenset()), made(frozenset({"kafka"}))}) == 3

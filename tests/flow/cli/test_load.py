@@ -63,3 +63,28 @@ def test_a_generated_criteo_file_imports(tmp_path: Path) -> None:
     )
     assert bad.exit_code == 2
     assert "ISO-8601" in bad.output
+
+
+def test_an_append_with_a_new_column_names_it_and_adds_it_with_add_columns(
+    tmp_path: Path,
+) -> None:
+    env = stack_env_for(tmp_path / "home")
+    runner = CliRunner()
+    first = tmp_path / "day1.csv"
+    first.write_text("id,v\n1,a\n")
+    assert runner.invoke(main, ["load", str(first), "--table", "mine.t"], env=env).exit_code == 0
+    wider = tmp_path / "day2.csv"
+    wider.write_text("id,v,score\n2,b,0.5\n")
+    args = ["load", str(wider), "--table", "mine.t", "--append"]
+    refused = runner.invoke(main, args, env=env)
+    assert refused.exit_code == 1
+    assert "the table has no column(s) score (--add-columns adds them" in said(refused.output)
+    done = runner.invoke(main, [*args, "--add-columns"], env=env)
+    assert done.exit_code == 0, done.output
+    assert "adding column(s) score to mine.t (--add-columns)" in said(done.output)
+    table = open_catalog(StackConfig.from_env(env).catalog).load_table("mine.t")
+    rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert rows == [{"id": 1, "v": "a", "score": None}, {"id": 2, "v": "b", "score": 0.5}]
+    alone = runner.invoke(main, ["load", str(wider), "--table", "mine.u", "--add-columns"], env=env)
+    assert alone.exit_code != 0
+    assert "pass it with --append" in said(alone.output)

@@ -233,11 +233,18 @@ def test_an_existing_table_needs_append_or_replace(stack: StackConfig, tmp_path:
     other = tmp_path / "b.csv"
     other.write_text("id,w\n7,b\n")
     with pytest.raises(
-        LoadError, match=r"the table has no column.s. w; the file has no column.s. v"
+        LoadError,
+        match=r"the table has no column.s. w \(--add-columns .*; the file has no column.s. v",
     ):
         load(stack, other, mode="append")
     load(stack, other, mode="replace")
     assert rows(stack) == [{"id": 7, "w": "b"}]
+
+
+def table_files(stack: StackConfig, table: str = "mine.events") -> set[Path]:
+    """The data files and manifests under the table's folder (not its metadata JSON)."""
+    location = open_catalog(stack.catalog).load_table(table).location().removeprefix("file://")
+    return {p for p in Path(location).rglob("*") if p.suffix in (".parquet", ".avro")}
 
 
 def test_a_load_that_fails_half_way_leaves_the_table_as_it_was(
@@ -246,6 +253,7 @@ def test_a_load_that_fails_half_way_leaves_the_table_as_it_was(
     good = tmp_path / "good.csv"
     good.write_text("n,ts\n0,2024-05-01 12:00:00\n")
     load(stack, good)
+    before = table_files(stack)
     bad = tmp_path / "bad.csv"
     lines = [f"{n},2024-05-01 12:00:00\n" for n in range(10_000)]
     lines[9_000] = "9000,yesterday\n"
@@ -267,6 +275,21 @@ def test_a_load_that_fails_half_way_leaves_the_table_as_it_was(
     finally:
         opened.close()
     assert rows(stack) == [{"n": 0, "ts": NOON_UTC}]
+    # Nine files of 1,000 rows were written before the bad row: none of them is left.
+    assert table_files(stack) == before
+
+
+def test_a_failed_append_deletes_the_files_it_wrote(stack: StackConfig, tmp_path: Path) -> None:
+    good = tmp_path / "good.csv"
+    good.write_text("code\n1\n")
+    load(stack, good)
+    before = table_files(stack)
+    drift = tmp_path / "drift.csv"
+    drift.write_text("code\n" + "2\n" * 20_000 + "A7\n")  # not a long, after some files
+    with pytest.raises(LoadError, match=r"--type NAME=string"):
+        load(stack, drift, mode="append", block_bytes=16 * 1024, file_rows=1_000)
+    assert table_files(stack) == before
+    assert rows(stack) == [{"code": 1}]
 
 
 def test_a_later_block_that_breaks_the_inferred_type_says_to_declare_it(
@@ -278,3 +301,25 @@ def test_a_later_block_that_breaks_the_inferred_type_says_to_declare_it(
         load(stack, path, block_bytes=16 * 1024)
     load(stack, path, types={"code": "string"}, block_bytes=16 * 1024)
     assert len(rows(stack)) == 20_001
+
+
+def test_an_append_adds_new_columns_only_when_told_and_a_failed_one_adds_none(
+    stack: StackConfig, tmp_path: Path
+) -> None:
+    first = tmp_path / "a.csv"
+    first.write_text("id\n1\n")
+    load(stack, first)
+    wider = tmp_path / "b.csv"
+    wider.write_text("id,extra\n2,x\n")
+    with pytest.raises(LoadError, match=r"no column.s. extra \(--add-columns adds them"):
+        load(stack, wider, mode="append")
+    bad = tmp_path / "c.csv"
+    bad.write_text("id,n\n" + "3,1\n" * 20_000 + "4,A7\n")
+    with pytest.raises(LoadError, match=r"--type NAME=string"):
+        load(stack, bad, mode="append", add_columns=True, block_bytes=16 * 1024, file_rows=1_000)
+    schema = open_catalog(stack.catalog).load_table("mine.events").schema()
+    assert [f.name for f in schema.fields] == ["id"]  # the failed load added no column
+    load(stack, wider, mode="append", add_columns=True)
+    assert rows(stack) == [{"id": 1, "extra": None}, {"id": 2, "extra": "x"}]
+    with pytest.raises(ConfigError, match=r"--add-columns .* with --append"):
+        LoadOptions("mine.events", add_columns=True)

@@ -71,3 +71,22 @@ def test_the_trainer_follows_the_namespace_of_the_pipeline_it_runs_beside(tmp_pa
     script.write_text("raise SystemExit('a plain script must not run in the CLI')\n")
     plain = parse_args(["--channel", "live"])
     assert following_the_job(plain, [str(script)]) == plain
+
+
+def test_a_pipeline_files_job_gets_the_connectors_of_its_sources_only(tmp_path: Path) -> None:
+    from flow.workflows.together import pipeline_connectors
+
+    app = tmp_path / "shop_clicks.py"
+    app.write_text(PIPELINE_FILE)  # Kafka events, Iceberg tables
+    assert pipeline_connectors(["--conf", "x=1", str(app), "--namespace", "eu"]) == frozenset(
+        {"kafka"}
+    )
+    ratings = tmp_path / "my_ratings.py"
+    ratings.write_text(
+        "from pipelines.ratings import ratings\n\n\ndef my_ratings():\n    return ratings()\n"
+    )
+    assert pipeline_connectors([str(ratings)]) == frozenset()  # Iceberg only
+    # A script flow cannot read a pipeline from keeps every connector, and is not run.
+    script = tmp_path / "job.py"
+    script.write_text("raise SystemExit('a plain script must not run in the CLI')\n")
+    assert pipeline_connectors([str(script)]) is None
