@@ -23,12 +23,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from flow.errors import HandoffError
-from flow.handoff import Channel, Commit, ShardInfo
+from flow.handoff import Channel, ChannelMeta, Commit, ShardInfo
 from flow.handoff.format import schema_fingerprint
 from flow.handoff.shards import fixed_size_lists
 from spark_jobs.arrow_batches import sized_batches
 
-__all__ = ["ExportOptions", "arrow_schema", "export"]
+__all__ = ["ExportOptions", "arrow_schema", "export", "prepare_export"]
 
 _BUCKET = "_flow_bucket"
 _TASK = "_flow_task"
@@ -277,6 +277,32 @@ def export(
     ``writer`` names the producer; a channel another writer committed to is refused, since its
     batch ids would be mistaken for replays.
     """
+    return prepare_export(
+        df,
+        channel,
+        batch_id,
+        options=options,
+        writer=writer,
+        source_positions=source_positions,
+        stats=stats,
+        progress=progress,
+    )()
+
+
+def prepare_export(
+    df: DataFrame,
+    channel: Channel,
+    batch_id: int,
+    *,
+    options: ExportOptions,
+    writer: str,
+    source_positions: Mapping[str, Any] | None = None,
+    stats: Mapping[str, float] | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> Callable[[], Commit | None]:
+    """:func:`export` in two steps: this call checks the channel (creating it, waiting for
+    room) and plans the write, without a Spark job; calling what it returns runs the write and
+    commits. A micro-batch's writer plans while another job of the batch runs."""
     if channel.exists():
         ids = channel.commit_ids()
         if ids:
@@ -288,7 +314,7 @@ def export(
                     "channel or remove this one"
                 )
         if channel.committed(batch_id):
-            return None
+            return lambda: None
     sizes = (
         dict(options.fixed_sizes) if options.fixed_sizes is not None else _fixed_sizes(df, channel)
     )
@@ -321,8 +347,31 @@ def export(
         .drop(_TASK)
     )
     writer_task = _task_writer(channel.root.uri, channel.name, batch_id, options)
-    with sized_batches(spark, shuffled.schema, sizes):
-        rows = shuffled.mapInArrow(writer_task, _SHARDS).collect()
+    written = shuffled.mapInArrow(writer_task, _SHARDS)
+    row_schema = shuffled.schema
+
+    def write() -> Commit | None:
+        with sized_batches(spark, row_schema, sizes):
+            rows = written.collect()
+        return _commit(
+            rows, channel, batch_id, schema, meta, writer, options, source_positions, stats
+        )
+
+    return write
+
+
+def _commit(
+    rows: list[Any],
+    channel: Channel,
+    batch_id: int,
+    schema: pa.Schema,
+    meta: ChannelMeta,
+    writer: str,
+    options: ExportOptions,
+    source_positions: Mapping[str, Any] | None,
+    stats: Mapping[str, float] | None,
+) -> Commit | None:
+    """The commit of the shards the writer tasks reported (``rows``)."""
     shards = tuple(
         ShardInfo(r["path"], r["bucket"], r["rows"], r["bytes"], r["checksum"])
         for r in sorted(rows, key=lambda r: (r["bucket"], r["path"]))

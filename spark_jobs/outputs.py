@@ -8,6 +8,7 @@ commits, so a stage's counts survive restarts.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
@@ -17,7 +18,7 @@ from flow.handoff import Channel
 from flow.pipeline.model import HandoffOutput, LiveStage, Pipeline
 from flow.pipeline.state import FeatureState
 from flow.storage import Location
-from spark_jobs.handoff import export
+from spark_jobs.handoff import prepare_export
 from spark_jobs.rows import channel_for, export_options, training_table
 from spark_jobs.sinks import BatchLedger, writer_totals
 from spark_jobs.stage import positives
@@ -33,6 +34,11 @@ class TrainingSink(Protocol):
 
     def append(self, rows: DataFrame, batch_id: int) -> None:
         """Commit ``rows`` (training rows) as ``batch_id``, with how many are positives."""
+        ...
+
+    def prepare(self, rows: DataFrame, batch_id: int) -> Callable[[], None]:
+        """:meth:`append` in two steps: the checks and the planning now (no Spark job), the
+        write and commit when the returned function is called."""
         ...
 
     def totals(self, upto: int | None = None) -> tuple[int, int]:
@@ -74,8 +80,11 @@ class _HandoffSink:
         return self.channel.commit_ids() if self.channel.exists() else []
 
     def append(self, rows: DataFrame, batch_id: int) -> None:
+        self.prepare(rows, batch_id)()
+
+    def prepare(self, rows: DataFrame, batch_id: int) -> Callable[[], None]:
         if batch_id <= self.last:
-            return
+            return lambda: None
         label = self.stage.label
         options = export_options(
             self.pipeline,
@@ -86,7 +95,7 @@ class _HandoffSink:
             labels=label.channel_labels(streaming=True) if label else None,
             count_positives=True,  # by the tasks that write the shards: no job of its own
         )
-        export(
+        write = prepare_export(
             rows,
             self.channel,
             batch_id,
@@ -94,7 +103,12 @@ class _HandoffSink:
             writer=self.writer,
             source_positions={"kafka": _offsets(self.checkpoint, batch_id)},
         )
-        self.last = batch_id
+
+        def run() -> None:
+            write()
+            self.last = batch_id
+
+        return run
 
     def totals(self, upto: int | None = None) -> tuple[int, int]:
         ids = [b for b in self._ids() if upto is None or b <= upto]
@@ -109,6 +123,9 @@ class _TableSink:
         self.writer = writer
         self.ledger = BatchLedger(spark, table, writer)
         self.last = self.ledger.last
+
+    def prepare(self, rows: DataFrame, batch_id: int) -> Callable[[], None]:
+        return lambda: self.append(rows, batch_id)
 
     def append(self, rows: DataFrame, batch_id: int) -> None:
         if batch_id <= self.ledger.last:
