@@ -1,6 +1,7 @@
 """A short job's wall time: ``flow run`` of a 1,000-row pipeline with every connector's jars
-and no driver class archive (spark_jobs.cds), with every jar and the archive, and with the
-pipeline's own jars (Iceberg's: no Kafka, no Delta) and the archive, measured in turns.
+and no driver class archive (spark_jobs.cds), with every jar and the archive, with the
+pipeline's own jars (Iceberg's: no Kafka, no Delta) and the archive, and on a warm driver
+(``flow driver start``), measured in turns.
 
     flow bench startup                 # 3 runs each way, after those that make the archives
     flow bench startup --repeat 5
@@ -9,7 +10,9 @@ Loads 1,000 ratings into ``startup.ratings`` (``flow load``'s own code), then ru
 ``pipelines/ratings.py`` over them: ``flow run --connectors all`` with ``FLOW_SPARK_CDS=0`` and
 ``=1``, and ``flow run`` (connectors from the pipeline) with ``=1``, in turn (so all see the same
 load from the rest of the machine). The first run of each jar set with the archive on makes its
-archive (once per jar set) and is reported apart. Prints each run's wall seconds and the CPU
+archive (once per jar set) and is reported apart. The warm driver is started once after those
+(its start reported apart) and stopped at the end; the other ways run with ``--cold`` beside
+it. Prints each run's wall seconds and the CPU
 seconds of its processes (flow, spark-submit's JVM, Python: less swayed by other work on the
 machine than the wall time), and the medians.
 The stack's services are up first, so their start is not counted.
@@ -48,11 +51,12 @@ if __name__ == "__main__":
     run_main(startup_app())
 """
 WAYS = {
-    "every jar, no archive": (False, "all"),
-    "every jar, archive": (True, "all"),
-    "the pipeline's jars, archive": (True, None),
+    "every jar, no archive": (False, "all", False),
+    "every jar, archive": (True, "all", False),
+    "the pipeline's jars, archive": (True, None, False),
+    "warm driver (flow driver start)": (True, None, True),
 }
-"""Each way: the class archive on, and ``--connectors`` (None: the pipeline's)."""
+"""Each way: the class archive on, ``--connectors`` (None: the pipeline's), the warm driver."""
 
 
 def _ratings(path: Path, rows: int) -> None:
@@ -66,21 +70,35 @@ def _cpu() -> float:
     return used.ru_utime + used.ru_stime
 
 
-def _run(app: Path, cds: bool, connectors: str | None) -> tuple[float, float]:
-    """A run's wall seconds and its processes' CPU seconds (less swayed by a busy machine)."""
-    env = {**os.environ, "FLOW_SPARK_CDS": "1" if cds else "0"}
-    given = [] if connectors is None else ["--connectors", connectors]
-    cpu = _cpu()
-    started = time.perf_counter()
+def _flow(args: list[str], env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "flow", "run", *given, str(app)],
-        env=env,
+        [sys.executable, "-m", "flow", *args],
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
     )
-    seconds = time.perf_counter() - started
+    said = done.stdout + done.stderr
     if done.returncode:
-        raise SystemExit(f"flow run failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SystemExit(f"flow {' '.join(args)} failed:\n{said[-4000:]}")
+    return said
+
+
+def _run(app: Path, cds: bool, connectors: str | None, warm: bool) -> tuple[float, float]:
+    """A run's wall seconds and its processes' CPU seconds (less swayed by a busy machine; a
+    warm driver's CPU is not counted: it is not a child of this process). Each run writes
+    its channel anew (one left by the run before would make it a replay that writes nothing)."""
+    stack = StackConfig.from_env()
+    location(stack.handoff, stack.s3).child(TABLE.split(".")[0]).remove()
+    given = [] if connectors is None else ["--connectors", connectors]
+    cpu = _cpu()
+    started = time.perf_counter()
+    said = _flow(
+        ["run", *([] if warm else ["--cold"]), *given, str(app)],
+        {"FLOW_SPARK_CDS": "1" if cds else "0"},
+    )
+    seconds = time.perf_counter() - started
+    if warm != ("on the warm driver" in said):
+        raise SystemExit(f"flow run {'did not run' if warm else 'ran'} on the warm driver:\n{said}")
     return seconds, _cpu() - cpu
 
 
@@ -102,21 +120,25 @@ def main() -> None:
         )
         with load_file(stack, csv, options) as load:
             load.write()
-        # The reloaded table is a new snapshot, which a channel an earlier call filled refuses
-        # to back-fill again.
-        location(stack.handoff, stack.s3).child(TABLE.split(".")[0]).remove()
         app = Path(folder) / "startup_app.py"
         app.write_text(APP.format(table=TABLE))
-        for name, (cds, connectors) in WAYS.items():
-            if cds:  # makes the archive of this jar set unless an earlier job did
-                first, _ = _run(app, cds, connectors)
+        for name, (cds, connectors, warm) in WAYS.items():
+            if cds and not warm:  # makes the archive of this jar set unless an earlier job did
+                first, _ = _run(app, cds, connectors, warm)
                 out.print(f"first run, {name} (makes it if missing): {first:.1f} s")
+        _flow(["driver", "stop"])
+        started = time.perf_counter()
+        _flow(["driver", "start"])
+        out.print(f"flow driver start (once): {time.perf_counter() - started:.1f} s")
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in WAYS}
-        for n in range(args.repeat):
-            for name, (cds, connectors) in WAYS.items():
-                wall, cpu = _run(app, cds, connectors)
-                times[name].append((wall, cpu))
-                out.print(f"run {n + 1}, {name}: {wall:.1f} s, CPU {cpu:.1f} s")
+        try:
+            for n in range(args.repeat):
+                for name, (cds, connectors, warm) in WAYS.items():
+                    wall, cpu = _run(app, cds, connectors, warm)
+                    times[name].append((wall, cpu))
+                    out.print(f"run {n + 1}, {name}: {wall:.1f} s, CPU {cpu:.1f} s")
+        finally:
+            _flow(["driver", "stop"])
     first_way = times[next(iter(WAYS))]
     base = statistics.median(w for w, _ in first_way)
     base_cpu = statistics.median(c for _, c in first_way)

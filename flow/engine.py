@@ -127,6 +127,11 @@ class BatchEngine(Protocol):
         with only ``connectors`` of :data:`CONNECTORS` (None: all)."""
         ...
 
+    def warm_driver_app(self) -> Path:
+        """The application ``flow driver start`` launches (with :meth:`submit_command`): a
+        driver that serves ``flow run``'s jobs (flow.workflows.warm)."""
+        ...
+
     def run(self, spec: Any, stack: StackConfig, options: RunOptions) -> int:
         """Run a pipeline definition in this process; the exit code."""
         ...

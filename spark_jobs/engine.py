@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from flow.config import StackConfig
@@ -31,6 +32,9 @@ class SparkEngine:
         self, argv: Sequence[str], stack: StackConfig, connectors: frozenset[str] | None = None
     ) -> Launch:
         return submit.submit_command(argv, stack, connectors)
+
+    def warm_driver_app(self) -> Path:
+        return Path(__file__).with_name("warm.py")
 
     def run(self, spec: Any, stack: StackConfig, options: RunOptions) -> int:
         if isinstance(spec, Pipeline):

@@ -11,6 +11,7 @@
     flow retrain APP.py                  incremental retraining, promoted only if not worse
     flow schedule APP.py --cron "..."    retraining on a schedule, one run at a time
     flow run APP.py [args]               services up, then submit on the local stack
+    flow driver start | stop | status    a warm Spark driver that flow run hands jobs to
     flow spark-args                      the options to give a plain spark-submit
     flow handoff ls | show | verify | close | retire | drop
                                          handoff channels (see flow/cli/channels.py)
@@ -29,7 +30,7 @@ import sys
 
 import click
 
-from flow.cli import channels, data, deploy, ingest, jobs, lifecycle, local
+from flow.cli import channels, data, deploy, driver, ingest, jobs, lifecycle, local
 from flow.console import DEBUG_ENV, DEBUG_FLAG
 
 __all__ = ["main"]
@@ -61,6 +62,7 @@ for command in (
     ingest.import_,
     jobs.submit,
     jobs.run,
+    driver.driver,
     jobs.spark_args,
     jobs.bench,
     lifecycle.demo,

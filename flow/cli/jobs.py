@@ -21,7 +21,9 @@ from flow.console import DEBUG_ENV
 from flow.errors import FlowError
 from flow.secrets import redact_argv
 
-__all__ = ["bench", "launch", "run", "spark_args", "spark_launcher", "submit"]
+__all__ = [
+    "bench", "launch", "on_warm_driver", "run", "spark_args", "spark_launcher", "submit",
+]  # fmt: skip
 
 _passthrough = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
@@ -82,18 +84,61 @@ def _exit(code: int, argv: Sequence[str]) -> NoReturn:
 
 
 def spark_launcher(
-    stack: StackConfig, connectors: str | None = None
+    stack: StackConfig, connectors: str | None = None, warm: bool = False
 ) -> Callable[[Sequence[str], dict[str, str]], int]:
     """``launch`` on ``stack``, for the commands that start Spark jobs of their own, with
     ``connectors`` (``--connectors``); None: those the job's pipeline needs (all for a file
-    that is not a pipeline file)."""
+    that is not a pipeline file). With ``warm``, a job the warm driver can run goes to it."""
     from flow.workflows.together import pipeline_connectors
 
     def spark(argv: Sequence[str], extra: dict[str, str]) -> int:
         chosen = pipeline_connectors(argv) if connectors is None else _connectors(connectors)
-        return launch(argv, stack, extra, chosen)
+        code = on_warm_driver(argv, stack, extra, chosen) if warm else None
+        return launch(argv, stack, extra, chosen) if code is None else code
 
     return spark
+
+
+def _job_output(text: str, fd: int) -> None:
+    stream = sys.stdout if fd == 1 else sys.stderr
+    stream.write(text)
+    stream.flush()
+
+
+def on_warm_driver(
+    argv: Sequence[str],
+    stack: StackConfig,
+    extra: dict[str, str],
+    connectors: frozenset[str] | None,
+) -> int | None:
+    """The exit code of ``argv`` run on the warm driver (``flow driver start``); None when
+    none runs or it cannot take this job (said in one line: the job then starts its own)."""
+    from flow.workflows.warm import (
+        JobRequest,
+        app_argv,
+        describe,
+        find_driver,
+        job_env,
+        run_on_driver,
+    )
+
+    state = find_driver(stack.home)
+    if state is None:
+        return None
+    app = app_argv(argv)
+    if app is None:
+        why: str | None = "spark-submit options come before the application"
+    else:
+        why = state.refusal(stack, stack.spark.master, connectors)
+    if app is not None and why is None:
+        console.print(f"[dim]on the warm driver ({escape(describe(state))})[/]", highlight=False)
+        request = JobRequest(argv=app, cwd=os.getcwd(), env=job_env(extra))
+        result = run_on_driver(state, request, _job_output)
+        if isinstance(result, int):
+            return result
+        why = result
+    console.print(f"[dim]not on the warm driver: {escape(str(why))}[/]", highlight=False)
+    return None
 
 
 _CONNECTORS_HELP = (
@@ -142,6 +187,11 @@ def submit(argv: tuple[str, ...], connectors: str) -> None:
     help=_CONNECTORS_HELP + " Default: those the pipeline's sources need (all for a file "
     "that is not a pipeline file).",
 )
+@click.option(
+    "--cold",
+    is_flag=True,
+    help="Start a driver of its own even when a warm one (flow driver start) could run it.",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
 @friendly
 def run(
@@ -150,12 +200,16 @@ def run(
     train_config: Path | None,
     train_procs: int,
     connectors: str | None,
+    cold: bool,
 ) -> None:
     """Bring the local stack up, then submit APP on it (like `flow submit`).
 
     With --train or --train-config, a trainer (torchrun -m trainers train, following the job's
     channels) runs beside the job and both nest under one MLflow run; the trainer ends after
     the job, once it has read everything. `python -m trainers train --help` lists its settings.
+
+    While a warm driver runs (flow driver start), the job runs on it when it can (said in one
+    line either way): a short job then takes seconds instead of a driver's start.
     """
     trainer = None
     if train_args is not None or train_config is not None:
@@ -165,7 +219,7 @@ def run(
         trainer = parse_args([*given, *shlex.split(train_args or "")], prog="flow run --train")
     _connectors(connectors)  # a mistake in it is told before the stack starts
     stack = stack_up()
-    spark = spark_launcher(stack, connectors)
+    spark = spark_launcher(stack, connectors, warm=not cold)
     if trainer is None:
         _exit(spark(argv, {}), argv)
     from flow.workflows.together import run_together

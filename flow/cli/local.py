@@ -70,10 +70,14 @@ def services_up(only: tuple[str, ...]) -> None:
 @_only
 @friendly
 def services_down(only: tuple[str, ...]) -> None:
-    """Stop the managed services and every process they started."""
+    """Stop the managed services and every process they started (and the warm driver)."""
     from flow import stack as svc
+    from flow.workflows.warm import stop_driver
 
-    console.print(status_table(svc.down(stack_config(), only)))
+    stack = stack_config()
+    if not only and (stopped := stop_driver(stack.home)) is not None:
+        console.print(f"stopped the warm driver (pid {stopped.pid})")
+    console.print(status_table(svc.down(stack, only)))
 
 
 @services.command("status")
