@@ -28,9 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from flow.config import StackConfig
@@ -64,6 +66,49 @@ def _stage_lag(stack: StackConfig, parent: str) -> dict[str, float]:
         if name == "batch_ms":
             found["batches"] = float(len(values))
     return found
+
+
+def _series(stack: StackConfig, parent: str) -> list[list[float]]:
+    """The trainer's live batches in order: [seconds since its first live batch, produced ->
+    trained seconds] (its run's ``freshness_produced.json``)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=stack.mlflow.tracking_uri)
+    experiment = client.get_run(parent).info.experiment_id
+    runs = client.search_runs(
+        [experiment],
+        filter_string=f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = 'train'",
+    )
+    if not runs:
+        return []
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = client.download_artifacts(runs[0].info.run_id, "freshness_produced.json", folder)
+        except Exception:  # an older trainer logged none
+            return []
+        series: list[list[float]] = json.loads(Path(path).read_text()).get("live", [])
+    return series
+
+
+def _plot(series: list[list[float]], where: Path) -> Path | None:
+    """produced -> trained of each live batch over the run, as a PNG beside the results."""
+    if not series:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 3.2))
+    axes.plot([t for t, _ in series], [lag for _, lag in series], marker=".", linewidth=0.8)
+    axes.axhline(30, color="grey", linestyle="--", linewidth=0.8, label="target p99 30 s")
+    axes.set_xlabel("seconds since the trainer's first live batch")
+    axes.set_ylabel("produced -> trained (s)")
+    axes.legend(loc="upper right")
+    figure.tight_layout()
+    figure.savefig(where, dpi=110)
+    plt.close(figure)
+    return where
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,12 +163,20 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarize(stack, parent, namespace=NAMESPACE)
     summary["stage_lag"] = _stage_lag(stack, parent)
     summary["args"] = vars(args)
+    series = _series(stack, parent)
+    summary["produced_to_trained_series"] = series
     _show(summary)
+    slowest = sorted(series, key=lambda point: -point[1])[:5]
+    if slowest:
+        said = ", ".join(f"{lag:.1f} s at {at:.0f} s" for at, lag in slowest)
+        out.print(f"  slowest live batches (produced -> trained, when): {said}", highlight=False)
     folder = stack.home / "bench"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"freshness-{datetime.now(UTC):%Y%m%d-%H%M%S}.json"
+    stamp = f"{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    path = folder / f"freshness-{stamp}.json"
     path.write_text(json.dumps(summary, indent=1, default=str))
-    out.print(f"results: {path}")
+    plot = _plot(series, folder / f"freshness-{stamp}.png")
+    out.print(f"results: {path}" + (f", plot: {plot}" if plot else ""))
 
 
 def _show(summary: dict[str, Any]) -> None:

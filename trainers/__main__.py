@@ -26,6 +26,7 @@ COMMANDS = ("train", "doctor")
 def _train(argv: list[str]) -> int:
     from flow.config import StackConfig
     from flow.training import parse_args
+    from trainers.result import freshness_series
     from trainers.train import train
 
     stack = StackConfig.from_env()
@@ -47,8 +48,11 @@ def _train(argv: list[str]) -> int:
             for name in result.freshness_produced_s
         },
     }
+    del summary["freshness_produced_at"]
     if config.result_file is not None and result.leader:
-        config.result_file.write_text(json.dumps(summary, indent=2, default=str))
+        # The batches' freshness in order: for the file, not the terminal.
+        written = {**summary, "freshness_produced_series": freshness_series(result)}
+        config.result_file.write_text(json.dumps(written, indent=2, default=str))
     if result.leader:
         print("trainer: " + json.dumps(summary, default=str))
     return 0

@@ -18,7 +18,9 @@ import numpy as np
 
 from trainers.promote import Decision
 
-__all__ = ["FRESHNESS", "Since", "TrainResult", "final_metrics", "summary_lines"]
+__all__ = [
+    "FRESHNESS", "Since", "TrainResult", "final_metrics", "freshness_series", "summary_lines",
+]  # fmt: skip
 
 Since = Literal["event", "produced"]
 """Freshness counted from the event, or from the row's production (its Kafka record)."""
@@ -44,6 +46,9 @@ class TrainResult:
     freshness_produced_s: dict[str, list[float]] = field(default_factory=dict)
     """Per channel, per batch with production times: seconds from the median time its rows were
     produced (the Kafka record's time; null in backfill rows) to the step using them."""
+    freshness_produced_at: dict[str, list[float]] = field(default_factory=dict)
+    """When each entry of ``freshness_produced_s`` was taken (seconds since the epoch): where
+    in a run its slowest batches were."""
     overall: dict[str, float] = field(default_factory=dict)
     """Progressive validation over the whole run (every batch scored before training on it)."""
     by_channel: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -97,6 +102,18 @@ class TrainResult:
             v for name, found in per_channel.items() if channel in (None, name) for v in found
         ]
         return float(np.quantile(values, quantile)) if values else None
+
+
+def freshness_series(result: TrainResult) -> dict[str, list[list[float]]]:
+    """Per channel, each batch's ``[seconds since the channel's first batch, produced ->
+    trained seconds]``: where in a run its slowest batches were (a quantile does not say)."""
+    return {
+        name: [
+            [round(at - times[0], 2), round(lag, 2)]
+            for at, lag in zip(times, result.freshness_produced_s[name], strict=True)
+        ]
+        for name, times in result.freshness_produced_at.items()
+    }
 
 
 def final_metrics(result: TrainResult) -> dict[str, float]:

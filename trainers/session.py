@@ -449,6 +449,7 @@ class Session:
             result.freshness_s.setdefault(batch.channel or "?", []).append(now - event)
         if produced is not None:
             result.freshness_produced_s.setdefault(batch.channel or "?", []).append(now - produced)
+            result.freshness_produced_at.setdefault(batch.channel or "?", []).append(now)
 
     def _after_step(
         self, run: Run, result: TrainResult, loss: torch.Tensor, cursor: dict[str, Any], loop: _Loop

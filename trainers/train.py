@@ -28,7 +28,7 @@ from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Tracker
 from flow.training import TrainConfig
 from trainers.lineage import log_lineage
 from trainers.promote import Decision, decide, promote
-from trainers.result import TrainResult, final_metrics, summary_lines
+from trainers.result import TrainResult, final_metrics, freshness_series, summary_lines
 from trainers.session import Session, export_model
 
 __all__ = ["TrainResult", "final_metrics", "summary_lines", "train"]
@@ -66,6 +66,8 @@ def train(
         session.run(run, result)
         result.run_id = stage.run_id
         run.log_metrics(final_metrics(result), step=result.steps)
+        if result.freshness_produced_at:
+            run.log_dict(freshness_series(result), "freshness_produced.json")
         for channel, windows in result.by_window.items():
             for start, scores in windows.items():
                 run.log_metrics(

@@ -248,6 +248,7 @@ class RecordingRun:
         self.params: dict[str, object] = {}
         self.tags: dict[str, str] = {}
         self.metrics: dict[str, list[tuple[int | None, float]]] = {}
+        self.files: dict[str, object] = {}
 
     def log_params(self, params: Mapping[str, object]) -> None:
         self.params.update(params)
@@ -260,7 +261,7 @@ class RecordingRun:
         self.tags.update(tags)
 
     def log_dict(self, data: object, artifact_file: str) -> None:
-        return None
+        self.files[artifact_file] = data
 
 
 class RecordingTracker:
@@ -360,6 +361,15 @@ def test_delayed_feedback_is_corrected_on_immediate_channels_and_reported_honest
     # Produced -> trained only where rows say when they were produced (not the backfill).
     assert set(fnw.freshness_produced_s) == {"live"}
     assert set(fnw.freshness_s) == {"backfill", "live"}
+    # ... and each batch's, in order, for where in the run the slow ones were.
+    series = run.files["freshness_produced.json"]
+    assert isinstance(series, dict)
+    assert [lag for _, lag in series["live"]] == [
+        round(lag, 2) for lag in fnw.freshness_produced_s["live"]
+    ]
+    times = [at for at, _ in series["live"]]
+    assert times[0] == 0.0
+    assert times == sorted(times)
     for name in (
         "freshness_produced_p50_s.live",
         "freshness_produced_p99_s.live",
