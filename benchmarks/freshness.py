@@ -44,19 +44,25 @@ NAMESPACE = "freshness"
 out = console()
 
 
-def _stage_lag(stack: StackConfig, parent: str) -> dict[str, float]:
-    """The live stage's per-batch Kafka lag and durations, from its MLflow run."""
+def _child_run(stack: StackConfig, parent: str, name: str) -> tuple[Any, str] | None:
+    """An MLflow client and the id of the run ``name`` nested under ``parent`` (None: none)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=stack.mlflow.tracking_uri)
     experiment = client.get_run(parent).info.experiment_id
     runs = client.search_runs(
         [experiment],
-        filter_string=f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = 'live'",
+        filter_string=f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = '{name}'",
     )
-    if not runs:
+    return (client, runs[0].info.run_id) if runs else None
+
+
+def _stage_lag(stack: StackConfig, parent: str) -> dict[str, float]:
+    """The live stage's per-batch Kafka lag and durations, from its MLflow run."""
+    found_run = _child_run(stack, parent, "live")
+    if found_run is None:
         return {}
-    run = runs[0].info.run_id
+    client, run = found_run
     found: dict[str, float] = {}
     for metric, name in (("kafka_lag_max", "offsets_behind"), ("batch_duration_ms", "batch_ms")):
         values = [m.value for m in client.get_metric_history(run, metric)]
@@ -71,19 +77,13 @@ def _stage_lag(stack: StackConfig, parent: str) -> dict[str, float]:
 def _series(stack: StackConfig, parent: str) -> list[list[float]]:
     """The trainer's live batches in order: [seconds since its first live batch, produced ->
     trained seconds] (its run's ``freshness_produced.json``)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=stack.mlflow.tracking_uri)
-    experiment = client.get_run(parent).info.experiment_id
-    runs = client.search_runs(
-        [experiment],
-        filter_string=f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = 'train'",
-    )
-    if not runs:
+    found_run = _child_run(stack, parent, "train")
+    if found_run is None:
         return []
+    client, run = found_run
     with tempfile.TemporaryDirectory() as folder:
         try:
-            path = client.download_artifacts(runs[0].info.run_id, "freshness_produced.json", folder)
+            path = client.download_artifacts(run, "freshness_produced.json", folder)
         except Exception:  # an older trainer logged none
             return []
         series: list[list[float]] = json.loads(Path(path).read_text()).get("live", [])
