@@ -93,14 +93,25 @@ def demo(
 @click.option("--margin", default=0.002, show_default=True, help="AUC a new model may lose.")
 @click.option("--holdout-share", default=0.125, show_default=True, help="Buckets held out.")
 @click.option("--train", "train_args", default="", help='More trainer options: "--lr 0.01".')
+@click.option(
+    "--cold",
+    is_flag=True,
+    help="Start a Spark driver of its own even when a warm one (flow driver start) could run it.",
+)
 @friendly
 def retrain(
-    app: str, model_name: str | None, margin: float, holdout_share: float, train_args: str
+    app: str,
+    model_name: str | None,
+    margin: float,
+    holdout_share: float,
+    train_args: str,
+    cold: bool,
 ) -> None:
     """Retrain APP's model on the Iceberg snapshots appended since the last retraining.
 
     Warm-starts from the registry's champion, evaluates on held-out buckets of the new rows,
     and moves the champion alias only if the new model is not worse by more than --margin.
+    Its Spark job runs on the warm driver when one runs (flow driver start) and can take it.
     """
     from flow.workflows.retrain import RetrainSettings, load_pipeline
     from flow.workflows.retrain import retrain as run_retrain
@@ -108,7 +119,8 @@ def retrain(
     stack = stack_up()
     name = model_name or load_pipeline(app).name
     settings = RetrainSettings(name, margin, holdout_share, train_args)
-    outcome = run_retrain(stack, app, settings, spark_launcher(stack), progress)
+    launcher = spark_launcher(stack, warm=not cold)
+    outcome = run_retrain(stack, app, settings, launcher, progress)
     console.print(f"retrain {escape(name)}: [bold]{outcome.outcome}[/] ({escape(outcome.reason)})")
 
 
