@@ -71,6 +71,26 @@ _OURS = ("ConfigError", "SchemaMismatchError", "HandoffError", "ShardCorruptErro
 """FlowError kinds that name a mistake in the pipeline or its data layout: never retried."""
 
 
+STATE_STORES: dict[str, dict[str, str]] = {
+    "rocksdb": {
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        # One budget (500 MB by default) for every RocksDB instance of the process: a store per
+        # partition and operator side, each with its own write buffers otherwise.
+        "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage": "true",
+    },
+    "memory": {
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+        ),
+    },
+}
+"""Spark's settings for each LiveStage.state_store; a new checkpoint records them, an existing
+one keeps those it was made with (Spark reads them back from its offset log)."""
+
+
 class StreamFailedError(FlowError):
     """A streaming query of a live stage stopped with an error."""
 
@@ -408,6 +428,8 @@ class LiveRun(StageRun[LiveStage]):
         # The smallest input watermark wins (see the module docstring), whatever the session
         # says; recorded in a new checkpoint (one made before keeps the policy it was made with).
         self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "min")
+        for key, value in STATE_STORES[self.stage.state_store].items():
+            self.spark.conf.set(key, value)
         partitions = self.partitions()
         if partitions is not None:
             self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))

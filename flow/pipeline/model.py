@@ -205,11 +205,24 @@ class LiveStage(Definition):
     stateful operator, committed every micro-batch). None: the cores of the cluster (local
     masters: of the machine) rather than Spark's 200. A checkpoint keeps the number it was
     made with (Spark reads it back from the offset log), so changing it needs a new one."""
+    state_store: Literal["rocksdb", "memory"] = "rocksdb"
+    """Where the label join's and the deduplication's state lives: ``rocksdb`` (Spark's RocksDB
+    provider, with changelog checkpointing): native memory and local disk, so a label window
+    of millions of pending impressions does not fill the JVM heap; ``memory`` (Spark's
+    default, HDFS-backed): on the JVM heap, which a long window at a high rate exhausts (at
+    2,000 impressions/s and a 30-minute window a 2 GB local driver failed after 7 minutes,
+    docs/benchmarks.md). Like ``partitions``, a checkpoint keeps the provider it was made
+    with."""
 
     streaming = True
 
     def __post_init__(self) -> None:
         check_trigger(self.trigger, f"LiveStage({self.name!r}).trigger")
+        if self.state_store not in ("rocksdb", "memory"):
+            raise ConfigError(
+                f"LiveStage({self.name!r}).state_store={self.state_store!r}: give 'rocksdb' "
+                "(native memory and disk) or 'memory' (the JVM heap)"
+            )
         if self.partitions is not None and self.partitions < 1:
             raise ConfigError(
                 f"LiveStage({self.name!r}).partitions={self.partitions}: give a positive number "

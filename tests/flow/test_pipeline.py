@@ -307,6 +307,14 @@ def test_a_live_trigger_spark_accepts_is_accepted(trigger: str) -> None:
     assert LiveStage("s", events="e", features=spec(), channel="c", trigger=trigger)
 
 
+def test_a_live_stage_keeps_its_state_in_rocksdb_unless_told_and_names_the_choices() -> None:
+    assert LiveStage("s", events="e", features=spec(), channel="c").state_store == "rocksdb"
+    heap = LiveStage("s", events="e", features=spec(), channel="c", state_store="memory")
+    assert heap.state_store == "memory"
+    with pytest.raises(ConfigError, match=r"state_store='disk'.*'rocksdb'.*'memory'"):
+        LiveStage("s", events="e", features=spec(), channel="c", state_store="disk")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("trigger", "message"),
     [

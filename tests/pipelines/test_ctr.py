@@ -4,6 +4,7 @@ can learn from, dead letters for every malformed record, counts that reconcile, 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
@@ -99,6 +100,11 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
     assert len(ids) == len(set(ids))
     # Impressions in the last 40 minutes (30-minute window + 10-minute watermark) may still wait.
     assert stream.valid_impressions * 0.5 < len(live_rows) <= stream.valid_impressions
+    # The join's state is in RocksDB (LiveStage.state_store), as the query's offset log says.
+    offsets = Path(
+        running_stack.checkpoints, "ctr", "ctr_streaming", "live", "stream", "offsets", "0"
+    )
+    assert "RocksDBStateStoreProvider" in offsets.read_text()
 
     client = MlflowClient(tracking_uri=running_stack.mlflow.tracking_uri)
     experiment = client.get_experiment_by_name("pipeline-ctr_backfill")
