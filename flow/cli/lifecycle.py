@@ -24,10 +24,10 @@ __all__ = ["demo", "insight", "retrain", "schedule"]
 @click.option("--days", default=3, show_default=True, help="Days of Iceberg history.")
 @click.option("--per-day", default=20_000, show_default=True, help="Impressions per day.")
 @click.option(
-    "--rate", default=100.0, show_default=True, help="Live impressions per second, in real time."
+    "--rate", default=1000.0, show_default=True, help="Live impressions per second, in real time."
 )
 @click.option(
-    "--live-seconds", default=120.0, show_default=True, help="Seconds of new live impressions."
+    "--live-seconds", default=240.0, show_default=True, help="Seconds of new live impressions."
 )
 @click.option(
     "--drain-seconds",
@@ -36,7 +36,7 @@ __all__ = ["demo", "insight", "retrain", "schedule"]
     help="Seconds more for the clicks still to come (the live stage runs both).",
 )
 @click.option("--trigger", default="5 seconds", show_default=True, help="Micro-batch interval.")
-@click.option("--per-batch", default=5_000, show_default=True, help="Impressions per micro-batch.")
+@click.option("--per-batch", default=20_000, show_default=True, help="Impressions per micro-batch.")
 @click.option(
     "--labels",
     type=click.Choice(["immediate", "window"]),

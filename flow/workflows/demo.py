@@ -46,16 +46,18 @@ MODEL_NAME = "ctr-demo"
 class DemoSize:
     days: int = 3
     per_day: int = 20_000
-    rate: float = 100.0
+    rate: float = 1000.0
     """Live impressions per second, in real time (their clicks come on top)."""
-    live_s: float = 120.0
-    """Seconds of new impressions in the real-time stream."""
+    live_s: float = 240.0
+    """Seconds of new impressions in the real-time stream. The first minute's impressions are
+    scored while none of their clicks has come yet (mean delay 45 s): a shorter or slower
+    stream is mostly that minute, and its live AUC says little (docs/benchmarks.md)."""
     drain_s: float = 90.0
     """Seconds the stream goes on sending the clicks that come due, without new impressions,
     and the live stage with it: the last impressions' labels complete (mean click delay 45 s)."""
     trigger: str = "5 seconds"
     """The live stage's micro-batch interval."""
-    per_batch: int = 5_000
+    per_batch: int = 20_000
     malformed_share: float = 0.02
     batch_size: int = 1024
     labels: Literal["window", "immediate"] = "immediate"
