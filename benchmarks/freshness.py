@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import tempfile
 import time
@@ -207,8 +208,26 @@ def _show(summary: dict[str, Any]) -> None:
     ]  # fmt: skip
     out.print(f"[bold]freshness, {summary['args']['rate']:g} impressions/s, "
               f"{summary['args']['labels']} labels[/]")  # fmt: skip
+    out.print(f"  reproduce: {_command(summary['args'])}", highlight=False, soft_wrap=True)
     for label, value in rows:
         out.print(f"  {label:48} {value}", highlight=False)
+
+
+def _command(args: dict[str, Any]) -> str:
+    """The ``flow bench freshness`` command line with every setting this run used."""
+    line = ["flow", "bench", "freshness"]
+    for name, value in args.items():
+        if name in ("master", "conf"):
+            continue
+        line += [
+            f"--{name.replace('_', '-')}",
+            f"{value:g}" if isinstance(value, float) else str(value),
+        ]
+    if args.get("master"):
+        line += ["--master", args["master"]]
+    for conf in args.get("conf") or []:
+        line += ["--conf", conf]
+    return shlex.join(line)
 
 
 def _pct(value: float | None) -> str:

@@ -77,6 +77,7 @@ def demo(
     parent = run_demo(stack, size, spark_launcher(stack), progress)
     summary = summarize(stack, parent)
     show(summary, console)
+    console.print(f"  reproduce: {escape(size.command())}", highlight=False, soft_wrap=True)
     from flow.insight import run_insight
 
     for name, report in run_insight(stack, parent):

@@ -20,6 +20,7 @@ counts reconcile on their own.
 
 from __future__ import annotations
 
+import shlex
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,20 @@ class DemoSize:
     batch_size: int = 1024
     labels: Literal["window", "immediate"] = "immediate"
     """When the live stage emits an impression (LabelJoin.strategy)."""
+
+    def command(self) -> str:
+        """The ``flow demo`` command line that runs this size again."""
+        options = {
+            "--days": self.days,
+            "--per-day": self.per_day,
+            "--rate": f"{self.rate:g}",
+            "--live-seconds": f"{self.live_s:g}",
+            "--drain-seconds": f"{self.drain_s:g}",
+            "--trigger": self.trigger,
+            "--per-batch": self.per_batch,
+            "--labels": self.labels,
+        }
+        return shlex.join(["flow", "demo", *(str(a) for o in options.items() for a in o)])
 
 
 def _reset(stack: StackConfig, namespace: str, say: Callable[[str], None]) -> None:

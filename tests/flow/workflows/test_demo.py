@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
+from flow.cli.lifecycle import demo
 from flow.config import StackConfig
+from flow.workflows.demo import DemoSize
 from tests.support import run_flow
+
+
+def test_the_demo_s_reproducing_command_gives_the_same_size() -> None:
+    size = DemoSize(days=2, rate=250.5, live_s=60, trigger="2 seconds", labels="window")
+    words = shlex.split(size.command())
+    assert words[:2] == ["flow", "demo"]
+    params = demo.make_context("demo", words[2:]).params
+    again = DemoSize(
+        days=params["days"],
+        per_day=params["per_day"],
+        rate=params["rate"],
+        live_s=params["live_seconds"],
+        drain_s=params["drain_seconds"],
+        trigger=params["trigger"],
+        per_batch=params["per_batch"],
+        labels=params["labels"],
+    )
+    assert again == size
 
 
 @pytest.mark.integration
