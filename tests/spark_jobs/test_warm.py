@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,7 +98,7 @@ def _greet(server: _Server, message: dict[str, object]) -> dict[str, object] | N
 def test_the_server_drops_strangers_and_says_when_it_is_busy() -> None:
     server = _Server(spark=None, idle_s=60, say=lambda _: None)
     try:
-        job = {"argv": ["app.py"], "cwd": "/w", "env": {}}
+        job: dict[str, Any] = {"argv": ["app.py"], "cwd": "/w", "env": {}}
         assert _greet(server, {"token": "wrong", "job": job}) is None
         assert server.jobs.empty()
         server.busy.set()
