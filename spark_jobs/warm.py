@@ -209,9 +209,15 @@ def job_session(base: Any) -> Iterator[Any]:
         sessions.setActiveSession(chosen._jsparkSession)
 
     current(session)
+    # A job's `spark.stop()` (scripts end with it) would stop the SparkContext every job shares:
+    # the driver outlives its jobs, so for the job it only ends its queries.
+    context = base.sparkContext
+    setattr(session, "stop", lambda *_, **__: _stop_queries(session))  # noqa: B010
+    setattr(context, "stop", lambda *_, **__: _stop_queries(session))  # noqa: B010
     try:
         yield session
     finally:
+        delattr(context, "stop")
         _stop_queries(session)
         current(base)
         base.catalog.clearCache()
@@ -282,6 +288,9 @@ class _Server:
             finally:
                 self.running = ""
                 self.busy.clear()
+            if self.spark.sparkContext._jsc is None:
+                self.say("a job stopped the SparkContext: this driver cannot serve another")
+                return
 
     def _run(self, sock: socket.socket, request: JobRequest) -> None:
         sock.settimeout(None)

@@ -140,6 +140,7 @@ print("partitions", spark.conf.get("spark.sql.shuffle.partitions"))
 print("views", [t.name for t in spark.catalog.listTables() if t.isTemporary])
 spark.conf.set("spark.sql.shuffle.partitions", "7")
 spark.range(3).createOrReplaceTempView("left_behind")
+spark.stop()  # as scripts end: the driver's context outlives it
 """
 
 
