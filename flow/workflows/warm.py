@@ -22,6 +22,7 @@ present the token first is dropped. No pickle crosses the socket.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -300,12 +301,9 @@ def stop_driver(home: Path, grace_s: float = 30.0) -> DriverState | None:
     state_path(home).unlink(missing_ok=True)
     if state is None:
         return None
-    try:
-        sock = _connect(state, 5.0)
+    # A driver that does not answer (hung, or mid-start) is signalled below instead.
+    with contextlib.suppress(OSError), _connect(state, 5.0) as sock:
         send_message(sock, {"token": state.token, "stop": True})
-        sock.close()
-    except OSError:
-        pass
     deadline = time.monotonic() + grace_s
     while state.alive() and time.monotonic() < deadline:
         time.sleep(0.2)
