@@ -56,6 +56,8 @@ RECORD = "_record"
 with the events' own columns in the union)."""
 EVENT_TIME = "event_time"
 """The record's typed event time, inside :data:`RECORD`."""
+_SOURCE, _INVALID, _LATE = "_source", "_invalid", "_late"
+"""A record's source, and whether it is invalid or late, beside it (StreamWriter._accounted)."""
 
 
 def record_column(event_time: str) -> Column:
@@ -114,8 +116,10 @@ class StreamWriter:
         # The joined rows are enriched (and derived) before the batch is cached: the counts (rows
         # that cannot train, keys an enrichment did not find) and the export read them, made once.
         # Every action on `batch` would run the stateful operators again: computed once, cached.
-        batch = enriched(batch, self.stage, self.dimensions.side).persist()
+        # Of the records, the cache keeps what the counts need; the payload of dead letters only.
         threshold = late_threshold_ms(self.checkpoint, batch_id)
+        batch = self._accounted(enriched(batch, self.stage, self.dimensions.side), threshold)
+        batch = batch.persist()
         # The writes are planned (the features' joins, the dead letters, the channel's checks,
         # the export's plan: Python and Spark's analysis on the driver, ~1-2 s a batch) in a
         # thread while the counts job runs, not after it; no job over the batch starts before
@@ -127,7 +131,7 @@ class StreamWriter:
                 planned = pool.submit(run(self._plan), batch, threshold, batch_id)
                 # The first action: it runs the stateful operators, so their metrics are final
                 # after it.
-                counts = self._counts(batch, threshold) | self._dropped()
+                counts = self._counts(batch) | self._dropped()
                 letters, unusable, export = planned.result()
                 self.records_read[batch_id] = sum(
                     n for k, n in counts.items() if k.startswith("flow.input.")
@@ -150,7 +154,7 @@ class StreamWriter:
         """What the batch writes, planned without a Spark job: its invalid and late records,
         its rows that cannot train (both as dead letters), and the training rows' write."""
         spec, enrichments = self.stage.features, self.stage.enrich
-        rows = batch.where(F.col(KIND) == "row").drop(KIND, RECORD)
+        rows = batch.where(F.col(KIND) == "row").drop(KIND, RECORD, _SOURCE, _INVALID, _LATE)
         unusable = unusable_letters(self._first_rows(rows), spec, self.stage.events, enrichments)
         usable = rows.where(unusable_reason(spec, enrichments) == "")
         export = self.training.prepare(self.featurizer.apply(usable), batch_id)
@@ -181,17 +185,33 @@ class StreamWriter:
             & (F.unix_millis(record[EVENT_TIME]) <= F.lit(threshold_ms))
         )
 
-    def _counts(self, batch: DataFrame, threshold_ms: int) -> dict[str, int]:
+    def _accounted(self, batch: DataFrame, threshold_ms: int) -> DataFrame:
+        """``batch`` with each record's source and whether it is invalid or late as columns of
+        their own, and its :data:`RECORD` (raw bytes included) only if it is a dead letter:
+        what the batch's cache holds of a record that is fine is three small columns."""
+        record = F.col(RECORD)
+        is_record = F.col(KIND) == "record"
+        invalid = is_record & (record[REASON] != "")
+        late = is_record & self._late(threshold_ms)
+        return batch.withColumns(
+            {
+                _SOURCE: F.when(is_record, record["source"]),
+                _INVALID: invalid,
+                _LATE: late,
+                RECORD: F.when(invalid | late, record),
+            }
+        )
+
+    def _counts(self, batch: DataFrame) -> dict[str, int]:
         """Per source: records read, invalid, late; of the joined rows (events' first rows),
         those that cannot train and, per enrichment, those whose key it did not find. One
-        aggregation over the batch."""
-        record = F.col(RECORD)
+        aggregation over the batch (as :meth:`_accounted` left it)."""
         is_record = F.col(KIND) == "record"
         first_row = ~is_record & self._first()
         flags = {
             "input": is_record,
-            "invalid": is_record & (record[REASON] != ""),
-            "late": is_record & self._late(threshold_ms),
+            "invalid": F.col(_INVALID),
+            "late": F.col(_LATE),
             "unusable": first_row & (unusable_reason(self.stage.features, self.stage.enrich) != ""),
         }
         # The joined rows carry no record, so no source: theirs are the stage's counts.
@@ -199,7 +219,7 @@ class StreamWriter:
         for i, (name, flag) in enumerate(missing(self.stage.enrich).items()):
             flags[f"missing{i}"] = first_row & flag
             of_rows[f"missing{i}"] = f"flow.missing.{name}"
-        totals = batch.groupBy(F.when(is_record, record["source"]).alias("source")).agg(
+        totals = batch.groupBy(F.col(_SOURCE).alias("source")).agg(
             *[F.sum(flag.cast("int")).alias(kind) for kind, flag in flags.items()]
         )
         counts: dict[str, int] = dict.fromkeys(of_rows.values(), 0)
@@ -223,12 +243,9 @@ class StreamWriter:
 
     def _dead_records(self, batch: DataFrame, threshold_ms: int) -> DataFrame:
         """The batch's invalid records and its late ones, each with its reason."""
-        records = batch.where(F.col(KIND) == "record").select(
-            f"{RECORD}.*", self._late(threshold_ms).alias("_late")
-        )
+        records = batch.where(F.col(_INVALID) | F.col(_LATE)).select(f"{RECORD}.*", _LATE)
         watermarks = {name: source.watermark for name, source in self.sources}
-        reason = F.when(F.col("_late"), _late_reason(threshold_ms, watermarks)).otherwise(
+        reason = F.when(F.col(_LATE), _late_reason(threshold_ms, watermarks)).otherwise(
             F.col(REASON)
         )
-        dead = records.where(reason != "").withColumn("reason", reason)
-        return dead.drop(REASON, "_late", EVENT_TIME)
+        return records.withColumn("reason", reason).drop(REASON, _LATE, EVENT_TIME)

@@ -17,6 +17,7 @@ __all__ = [
     "DEAD_LETTER_COLUMNS",
     "REASON",
     "SPARK_TYPES",
+    "barrier",
     "field_checks",
     "parse_kafka",
     "split",
@@ -187,7 +188,7 @@ def _typed(f: Field, raw: Column) -> Column:
     return raw.try_cast(SPARK_TYPES[f.type])
 
 
-def _barrier(column: Column) -> Column:
+def barrier(column: Column) -> Column:
     """``column``, marked non-deterministic (``spark_partition_id``): the projection computing
     it is an optimizer barrier. Without it Spark pushes a filter on the reason (valid records
     only) down through the parse and inlines the parse into every check that reads it, so
@@ -214,13 +215,13 @@ def parse_kafka(raw: DataFrame, source: KafkaSource, source_name: str) -> DataFr
         F.col("offset"),
         F.col("timestamp").alias("kafka_timestamp"),
         F.length(F.col("value")).alias("_size"),
-        _barrier(F.from_json(F.col("value").cast("string"), "map<string,string>")).alias("_obj"),
+        barrier(F.from_json(F.col("value").cast("string"), "map<string,string>")).alias("_obj"),
     )
     typed = {f.name: _typed(f, F.col("_obj").getItem(f.name)) for f in source.fields}
     records = records.select(
         *_COORDINATES,
         "_obj",
-        _barrier(F.struct(*[c.alias(n) for n, c in typed.items()])).alias("_typed"),
+        barrier(F.struct(*[c.alias(n) for n, c in typed.items()])).alias("_typed"),
     )
     checks: list[Column] = []
     for f in source.fields:

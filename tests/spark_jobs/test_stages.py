@@ -46,7 +46,7 @@ from flow.pipeline import (
 from flow.pipeline.state import FeatureState, states_location
 from flow.stack.iceberg import open_catalog
 from flow.stack.kafka import ensure_topics, producer
-from spark_jobs import backfill
+from spark_jobs import backfill, live
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import training_rows
 from spark_jobs.live import run_live
@@ -427,6 +427,41 @@ def test_a_replayed_batch_commits_nothing(spark: SparkSession, world: Lake) -> N
     assert ledger.append(batch, 8, {"flow.n": 3})
     assert spark.table(table).count() == 9
     assert writer_totals(spark, table, "w1")["flow.n"] == 6
+
+
+@pytest.mark.parametrize("strategy", ["window", "immediate"])
+def test_a_live_stage_reads_each_topic_once_a_batch(
+    spark: SparkSession, world: Lake, tmp_path: Path, strategy: LabelStrategy
+) -> None:
+    """The stage's plan uses a topic's records two or three times (the accounting, the join;
+    ``immediate`` joins the events twice); Spark's own count of rows read says each record is
+    read once, the bad one included."""
+    pipeline = world.pipeline(strategy)
+    stage = pipeline.stage("live", LiveStage)
+    world.send(
+        "impressions",
+        [
+            {"id": "e1", "user_id": 1, "ts": m(0), "position": 1, "device": "ios"},
+            {"id": "e2", "user_id": 2, "ts": m(1), "position": 2, "device": "web"},
+            b"not json",
+        ],
+    )
+    world.send("clicks", [{"id": "e1", "ts": m(0.5)}])
+    stage_run = live.LiveRun(
+        spark, pipeline, stage, world.stack, RunOptions(), print, lambda _m, _b: None, lambda: False
+    )
+    seen: list[int] = []
+    query = (
+        stage_run.stream_frame()
+        .writeStream.foreachBatch(lambda batch, _id: seen.append(batch.count()))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    read = sum(int(p["numInputRows"]) for p in (json.loads(q.json) for q in query.recentProgress))
+    assert read == 4, f"Spark read {read} rows for 4 records: a topic was read more than once"
+    assert sum(seen) >= 4  # every record is in its batch (and the joined rows beside them)
 
 
 class LiveRun:
