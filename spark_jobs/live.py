@@ -40,6 +40,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import MapType
 
 from flow.config import StackConfig
 from flow.errors import ConfigError, FlowError
@@ -134,7 +135,9 @@ def _read_once(parsed: DataFrame) -> DataFrame:
     docs/benchmarks.md). Which partition a record lands in matters to nobody: the
     deduplication and the join shuffle by key again.
     """
-    every = [F.col(c) for c in parsed.columns]
+    # Spark hashes no map: a map-typed field (none of the declared types is one today) would
+    # only cost the reuse (its branch's exchange pruned apart), not the query.
+    every = [F.col(f.name) for f in parsed.schema.fields if not isinstance(f.dataType, MapType)]
     # spark_partition_id(): the input partition (hence deterministic for a task, retried or
     # not), and not deterministic to the optimizer, which keeps the exchange as written.
     return parsed.repartition(F.xxhash64(*every, F.spark_partition_id()))
