@@ -1,6 +1,6 @@
 """Spark DataFrames into a handoff channel: bucketed and shuffled by Spark, written by its tasks.
 
-Rows get a bucket, ``hash(shuffle key or a random value, seed) mod num_buckets``; a repartition
+Rows get a bucket, ``hash(shuffle key or the row's place, seed) mod num_buckets``; a repartition
 by bucket (Spark's all-to-all shuffle) sends each bucket to one task. Each task (``mapInArrow``,
 pyarrow and numpy only) groups its rows by bucket, writes each bucket's rows permuted as shards of
 at most ``max_rows_per_shard`` rows, and returns what it wrote; the driver then commits exactly
@@ -27,6 +27,7 @@ from flow.handoff import Channel, ChannelMeta, Commit, ShardInfo
 from flow.handoff.format import schema_fingerprint
 from flow.handoff.shards import fixed_size_lists
 from spark_jobs.arrow_batches import sized_batches
+from spark_jobs.constants import batch_value
 
 __all__ = ["ExportOptions", "arrow_schema", "export", "prepare_export"]
 
@@ -334,11 +335,19 @@ def prepare_export(
     if waited > 1:
         progress(f"channel {channel.name}: waited {waited:.0f}s for consumers (backpressure)")
     spark = df.sparkSession
-    key = F.col(options.shuffle_key).cast("string") if options.shuffle_key else F.rand(options.seed)
+    # Without a shuffle key, a row's place in its partition (the same input, the same place)
+    # hashed with the seed: what rand(seed) gave, without the seed in the generated code (a
+    # micro-batch's seed is its id: spark_jobs.constants).
+    key = (
+        F.col(options.shuffle_key).cast("string")
+        if options.shuffle_key
+        else F.monotonically_increasing_id()
+    )
     tasks = options.tasks or min(options.num_buckets, 2 * spark.sparkContext.defaultParallelism)
     # The all-to-all shuffle is Spark's; grouping by bucket and permuting within a shard are
     # the task's (in Python: a Spark sort within partitions cost as much as the exchange).
-    bucket = F.pmod(F.xxhash64(key, F.lit(options.seed)), F.lit(options.num_buckets)).cast("int")
+    seed = batch_value(options.seed, "int")
+    bucket = F.pmod(F.xxhash64(key, seed), F.lit(options.num_buckets)).cast("int")
     keys = F.array(*[F.lit(k) for k in _partition_keys(spark, tasks)])
     shuffled = (
         df.withColumn(_BUCKET, bucket)

@@ -63,7 +63,7 @@ from spark_jobs.report import StageReport
 from spark_jobs.sinks import BatchLedger, writer_totals
 from spark_jobs.sources import read_kafka
 from spark_jobs.stage import Progress, StageRun
-from spark_jobs.validate import REASON, barrier, parse_kafka
+from spark_jobs.validate import REASON, barrier, parse_kafka, with_time_checks
 
 __all__ = ["StreamFailedError", "run_live"]
 
@@ -408,11 +408,14 @@ class LiveRun(StageRun[LiveStage]):
             starting_offsets=source.starting_offsets,
             options=_reader_options(source),
         )
-        return parse_kafka(raw, source, name)
+        return parse_kafka(raw, source, name, timed=False)
 
     def stream_frame(self) -> DataFrame:
         """Every record read (dead-letter layout, reason, event time) beside the joined rows."""
-        parsed = {name: _read_once(self._parsed(name, source)) for name, source in self.sources}
+        parsed = {
+            name: with_time_checks(_read_once(self._parsed(name, source)), source)
+            for name, source in self.sources
+        }
         records = reduce(
             DataFrame.unionByName,
             [parsed[n].select(record_column(s.event_time)) for n, s in self.sources],

@@ -37,6 +37,7 @@ from flow.pipeline.model import LiveStage
 from flow.pipeline.sources import KafkaSource
 from flow.storage import Location
 from spark_jobs.batch_facts import dropped_rows, late_threshold_ms
+from spark_jobs.constants import batch_value
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
 from spark_jobs.joins import dedup_kind
@@ -68,7 +69,7 @@ def record_column(event_time: str) -> Column:
 
 
 def _late_reason(threshold_ms: int, watermarks: dict[str, str]) -> Column:
-    behind = (F.lit(threshold_ms) - F.unix_millis(F.col(EVENT_TIME))) / 1000.0
+    behind = (batch_value(threshold_ms) - F.unix_millis(F.col(EVENT_TIME))) / 1000.0
     delay = F.lit("")
     for source, watermark in watermarks.items():
         delay = F.when(F.col("source") == source, F.lit(watermark)).otherwise(delay)
@@ -142,7 +143,7 @@ class StreamWriter:
                 # The two commits are independent (each sink knows the last batch it committed;
                 # a replay redoes only what is missing): the Iceberg commit of the dead letters,
                 # mostly the driver's metadata writes, runs while the export's tasks run.
-                ledger = pool.submit(run(self.ledger.append), letters, batch_id, counts)
+                ledger = pool.submit(run(self.ledger.append), letters, batch_id, counts, few=True)
                 export()
                 ledger.result()
         finally:
@@ -182,7 +183,7 @@ class StreamWriter:
         return (
             (record[REASON] == "")
             & record[EVENT_TIME].isNotNull()
-            & (F.unix_millis(record[EVENT_TIME]) <= F.lit(threshold_ms))
+            & (F.unix_millis(record[EVENT_TIME]) <= batch_value(threshold_ms))
         )
 
     def _accounted(self, batch: DataFrame, threshold_ms: int) -> DataFrame:

@@ -23,6 +23,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from spark_jobs.constants import batch_time
+
 __all__ = [
     "DEAD_LETTER_SCHEMA",
     "BatchLedger",
@@ -114,24 +116,43 @@ class BatchLedger:
                 self.last = int(batches["last"])
 
     def append(
-        self, df: DataFrame, batch: int, properties: Mapping[str, int] | None = None
+        self,
+        df: DataFrame,
+        batch: int,
+        properties: Mapping[str, int] | None = None,
+        *,
+        few: bool = False,
     ) -> bool:
-        """Append ``df`` as ``batch`` unless it was committed already; True if written."""
+        """Append ``df`` as ``batch`` unless it was committed already; True if written.
+
+        ``few``: ``df`` is small (a micro-batch's dead letters), so one task writes it as one
+        file, without the shuffle that the table's write distribution would add, a Spark stage
+        of its own every batch."""
         if batch <= self.last:
             return False
-        _append(df, self.table, self.writer, batch, properties)
+        _append(df, self.table, self.writer, batch, properties, few=few)
         self.last = batch
         return True
 
 
 def _append(
-    df: DataFrame, table: str, writer: str, batch: int, properties: Mapping[str, int] | None
+    df: DataFrame,
+    table: str,
+    writer: str,
+    batch: int,
+    properties: Mapping[str, int] | None,
+    *,
+    few: bool = False,
 ) -> None:
+    if few:
+        df = df.coalesce(1)
     write = (
         df.writeTo(table)
         .option("snapshot-property.flow.writer", writer)
         .option("snapshot-property.flow.batch", str(batch))
     )
+    if few:
+        write = write.option("distribution-mode", "none")
     for key, value in (properties or {}).items():
         write = write.option(f"snapshot-property.{key}", str(int(value)))
     write.append()
@@ -170,5 +191,5 @@ def dead_letter_rows(dead: DataFrame, pipeline: str, stage: str) -> DataFrame:
         F.col("key").cast("binary").alias("key"),
         F.col("raw").cast("binary").alias("raw"),
         "reason",
-        F.current_timestamp().alias("recorded_at"),
+        batch_time().alias("recorded_at"),
     )

@@ -23,6 +23,7 @@ __all__ = [
     "split",
     "time_checks",
     "validate_table",
+    "with_time_checks",
 ]
 
 REASON = "_reason"
@@ -200,12 +201,15 @@ def barrier(column: Column) -> Column:
 _COORDINATES = ("key", "raw", "topic", "partition", "offset", "kafka_timestamp", "_size")
 
 
-def parse_kafka(raw: DataFrame, source: KafkaSource, source_name: str) -> DataFrame:
+def parse_kafka(
+    raw: DataFrame, source: KafkaSource, source_name: str, *, timed: bool = True
+) -> DataFrame:
     """Kafka records as typed columns plus ``_reason`` and the record's coordinates.
 
     JSON is read into a string map first, so a missing field, a wrong type and a value out of
     range can each be told apart and named. Three projections: the JSON parsed once, each field
-    typed once, then the checks read the typed fields.
+    typed once, then the checks read the typed fields. ``timed=False`` leaves the event time's
+    checks to :func:`with_time_checks`.
     """
     records = raw.select(
         F.col("key"),
@@ -228,7 +232,8 @@ def parse_kafka(raw: DataFrame, source: KafkaSource, source_name: str) -> DataFr
         checks.extend(
             field_checks(f, F.col("_typed").getField(f.name), F.col("_obj").getItem(f.name))
         )
-    checks.extend(time_checks(F.col("_typed").getField(source.event_time), source))
+    if timed:
+        checks.extend(time_checks(F.col("_typed").getField(source.event_time), source))
     value = F.col("raw")
     reason = (
         F.when(value.isNull(), F.lit("empty record (null value)"))
@@ -267,6 +272,21 @@ def parse_kafka(raw: DataFrame, source: KafkaSource, source_name: str) -> DataFr
         "raw",
         reason.alias(REASON),
     )
+
+
+def with_time_checks(parsed: DataFrame, source: KafkaSource) -> DataFrame:
+    """``parsed`` (:func:`parse_kafka` with ``timed=False``) with the event time's checks in its
+    reason. A stream makes them apart from the parse, after the exchange that reads each topic
+    once (spark_jobs.live._read_once): in a stream the processing time they compare with is a
+    literal in the generated Java code, new every micro-batch (spark_jobs.constants), and in the
+    parse it made Spark compile, and HotSpot compile again, the parse's large classes every
+    batch; here it is a small class of its own."""
+    checks = time_checks(F.col(source.event_time), source)
+    if not checks:
+        return parsed
+    # After the record's other faults; a record without a readable time has no time fault.
+    reason = F.concat_ws("; ", F.nullif(F.col(REASON), F.lit("")), *checks)
+    return parsed.withColumn(REASON, reason)
 
 
 def validate_table(df: DataFrame, fields: tuple[Field, ...], source_name: str) -> DataFrame:

@@ -1,0 +1,55 @@
+"""Values that change every micro-batch stay out of the Java code Spark generates, so a plan made
+again with another value reuses its compiled classes (spark_jobs.constants)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.constants import batch_time, batch_value
+
+pytestmark = pytest.mark.integration
+
+
+def _generated_code(df: DataFrame) -> list[str]:
+    """The Java source Spark generates for ``df``'s plan (its codegen explain, code lines only:
+    the plan's description above them names expression ids and values)."""
+    jvm: Any = df.sparkSession.sparkContext._jvm
+    text = jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "codegen")
+    return [line for line in text.splitlines() if line.startswith("/* ")]
+
+
+def _plan(spark: SparkSession, value: Column) -> DataFrame:
+    return spark.range(4).select((F.col("id") + value).alias("x"))
+
+
+def test_a_held_value_leaves_the_generated_code_the_same(spark: SparkSession) -> None:
+    first, second = _plan(spark, batch_value(1_795_481_402_081)), _plan(spark, batch_value(7))
+    assert [r["x"] for r in first.collect()] == [1_795_481_402_081 + i for i in range(4)]
+    assert [r["x"] for r in second.collect()] == [7, 8, 9, 10]
+    assert _generated_code(first) == _generated_code(second)
+    # The contrast: a plain literal is written into the code.
+    assert _generated_code(_plan(spark, F.lit(1_795_481_402_081))) != _generated_code(
+        _plan(spark, F.lit(7))
+    )
+
+
+def test_a_held_int_hashes_as_the_literal_does(spark: SparkSession) -> None:
+    """The export's buckets (xxhash64 with the seed) are what they were with a literal seed."""
+    rows = spark.range(50).select(
+        F.xxhash64(F.col("id").cast("string"), batch_value(3, "int")).alias("held"),
+        F.xxhash64(F.col("id").cast("string"), F.lit(3)).alias("literal"),
+    )
+    assert all(r["held"] == r["literal"] for r in rows.collect())
+
+
+def test_the_batch_time_is_the_query_time(spark: SparkSession) -> None:
+    row = spark.range(1).select(batch_time().alias("held"), F.current_timestamp().alias("now"))
+    found = row.first()
+    assert found is not None
+    assert isinstance(found["held"], datetime)
+    assert found["held"] == found["now"]
