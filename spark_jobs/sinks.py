@@ -144,18 +144,12 @@ def _append(
     *,
     few: bool = False,
 ) -> None:
+    options = {"snapshot-property.flow.writer": writer, "snapshot-property.flow.batch": str(batch)}
+    options |= {f"snapshot-property.{k}": str(int(v)) for k, v in (properties or {}).items()}
     if few:
         df = df.coalesce(1)
-    write = (
-        df.writeTo(table)
-        .option("snapshot-property.flow.writer", writer)
-        .option("snapshot-property.flow.batch", str(batch))
-    )
-    if few:
-        write = write.option("distribution-mode", "none")
-    for key, value in (properties or {}).items():
-        write = write.option(f"snapshot-property.{key}", str(int(value)))
-    write.append()
+        options["distribution-mode"] = "none"
+    df.writeTo(table).options(**options).append()
 
 
 def writer_totals(
