@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 
 from flow.pipeline.schema import Field
 from flow.pipeline.sources import KafkaSource
+from spark_jobs.constants import batch_time
 
 __all__ = [
     "DEAD_LETTER_COLUMNS",
@@ -133,11 +134,12 @@ def field_checks(f: Field, typed: Column, raw: Column | None = None) -> list[Col
     return checks
 
 
-def time_checks(event_time: Column, source: KafkaSource) -> list[Column]:
+def time_checks(event_time: Column, source: KafkaSource, now: Column | None = None) -> list[Column]:
     """Reasons an event time is implausible: further ahead of, or behind, the processing time
-    than the source allows. In a stream ``current_timestamp()`` is the micro-batch's timestamp,
-    kept in the query's offset log, so a replayed batch judges every record the same way."""
-    now = F.current_timestamp()
+    (``now``: ``current_timestamp()`` unless given) than the source allows. In a stream that is
+    the micro-batch's timestamp, kept in the query's offset log, so a replayed batch judges every
+    record the same way."""
+    now = F.current_timestamp() if now is None else now
     name = source.event_time
     shown = F.date_format(event_time, "yyyy-MM-dd HH:mm:ss")
     at = F.date_format(now, "yyyy-MM-dd HH:mm:ss")
@@ -276,12 +278,15 @@ def parse_kafka(
 
 def with_time_checks(parsed: DataFrame, source: KafkaSource) -> DataFrame:
     """``parsed`` (:func:`parse_kafka` with ``timed=False``) with the event time's checks in its
-    reason. A stream makes them apart from the parse, after the exchange that reads each topic
-    once (spark_jobs.live._read_once): in a stream the processing time they compare with is a
-    literal in the generated Java code, new every micro-batch (spark_jobs.constants), and in the
-    parse it made Spark compile, and HotSpot compile again, the parse's large classes every
-    batch; here it is a small class of its own."""
-    checks = time_checks(F.col(source.event_time), source)
+    reason, against the micro-batch's time: for a stream, whose batch time Spark writes into the
+    generated code anew every batch unless it is read as :func:`spark_jobs.constants.batch_time`
+    reads it. That way of reading it is not compiled with the operator around it (Spark leaves
+    an operator with such an expression out of whole-stage code generation), so the checks are
+    made apart from the parse, after the exchange that reads each topic once
+    (spark_jobs.live._read_once): the parse stays one compiled stage, the checks a small
+    operator of their own. Compiled into the parse, the batch time made Spark compile, and
+    HotSpot compile again, the parse's large classes every batch."""
+    checks = time_checks(F.col(source.event_time), source, batch_time())
     if not checks:
         return parsed
     # After the record's other faults; a record without a readable time has no time fault.

@@ -3,7 +3,9 @@ again with another value reuses its compiled classes (spark_jobs.constants)."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,6 +47,54 @@ def test_a_held_int_hashes_as_the_literal_does(spark: SparkSession) -> None:
         F.xxhash64(F.col("id").cast("string"), F.lit(3)).alias("literal"),
     )
     assert all(r["held"] == r["literal"] for r in rows.collect())
+
+
+def _compiled(spark: SparkSession) -> int:
+    """Classes Spark has compiled so far (its codegen cache's misses, across the JVM)."""
+    jvm: Any = spark.sparkContext._jvm
+    return int(
+        jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
+    )
+
+
+def _second_batch(spark: SparkSession, now: Column, folder: Path) -> tuple[int, list[int]]:
+    """A stream of JSON files checked against ``now``, two micro-batches: the classes its second
+    batch compiled, and ``now`` (epoch micros) as each batch saw it."""
+    source = folder / "in"
+    source.mkdir()
+    (source / "0.json").write_text(json.dumps({"id": 0}) + "\n")
+    rows = spark.readStream.schema("id LONG").json(str(source))
+    query = (
+        rows.select("id", F.unix_micros(now).alias("now"))
+        .writeStream.format("memory")
+        .queryName(f"batch_time_{folder.name}")
+        .option("checkpointLocation", str(folder / "checkpoint"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        before = _compiled(spark)
+        (source / "1.json").write_text(json.dumps({"id": 1}) + "\n")
+        query.processAllAvailable()
+        compiled = _compiled(spark) - before
+    finally:
+        query.stop()
+    seen = spark.sql(f"SELECT now FROM batch_time_{folder.name} ORDER BY id").collect()
+    return compiled, [int(r["now"]) for r in seen]
+
+
+def test_a_streams_batch_time_compiles_nothing_new_in_the_next_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """In a stream Spark writes the batch's time into the code after the optimizer has run, so
+    ``held`` cannot keep it out; ``batch_time`` does, and is each batch's own time."""
+    (tmp_path / "held").mkdir()
+    compiled, times = _second_batch(spark, batch_time(), tmp_path / "held")
+    assert compiled == 0
+    assert times[0] < times[1]  # each batch's own time
+    (tmp_path / "plain").mkdir()
+    compiled, _ = _second_batch(spark, F.current_timestamp(), tmp_path / "plain")
+    assert compiled > 0  # the contrast: the literal made a new class
 
 
 def test_the_batch_time_is_the_query_time(spark: SparkSession) -> None:
