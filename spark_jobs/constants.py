@@ -35,8 +35,8 @@ __all__ = ["batch_time", "batch_value", "held"]
 
 
 def held(value: Column) -> Column:
-    """``value`` (a constant: a literal, ``current_timestamp()``) without its value in the
-    generated code: see the module's docstring."""
+    """``value`` (a constant, such as a literal; not a stream's ``current_timestamp()``: see
+    :func:`batch_time`) without its value in the generated code: see the module's docstring."""
     first = F.least(F.spark_partition_id(), F.lit(0)) + 1  # 1, not foldable
     return F.element_at(F.array(value), first)
 

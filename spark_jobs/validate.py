@@ -278,14 +278,11 @@ def parse_kafka(
 
 def with_time_checks(parsed: DataFrame, source: KafkaSource) -> DataFrame:
     """``parsed`` (:func:`parse_kafka` with ``timed=False``) with the event time's checks in its
-    reason, against the micro-batch's time: for a stream, whose batch time Spark writes into the
-    generated code anew every batch unless it is read as :func:`spark_jobs.constants.batch_time`
-    reads it. That way of reading it is not compiled with the operator around it (Spark leaves
-    an operator with such an expression out of whole-stage code generation), so the checks are
-    made apart from the parse, after the exchange that reads each topic once
-    (spark_jobs.live._read_once): the parse stays one compiled stage, the checks a small
-    operator of their own. Compiled into the parse, the batch time made Spark compile, and
-    HotSpot compile again, the parse's large classes every batch."""
+    reason, against the micro-batch's time read by :func:`spark_jobs.constants.batch_time`, so
+    that no batch compiles classes of its own. Spark leaves an operator holding that expression
+    out of whole-stage code generation, so a stream makes these checks apart from the parse,
+    after the exchange that reads each topic once (spark_jobs.live._read_once): the parse stays
+    one compiled stage, the checks a small operator of their own."""
     checks = time_checks(F.col(source.event_time), source, batch_time())
     if not checks:
         return parsed

@@ -61,7 +61,7 @@ def _second_batch(spark: SparkSession, now: Column, folder: Path) -> tuple[int, 
     """A stream of JSON files checked against ``now``, two micro-batches: the classes its second
     batch compiled, and ``now`` (epoch micros) as each batch saw it."""
     source = folder / "in"
-    source.mkdir()
+    source.mkdir(parents=True)
     (source / "0.json").write_text(json.dumps({"id": 0}) + "\n")
     rows = spark.readStream.schema("id LONG").json(str(source))
     query = (
@@ -88,11 +88,9 @@ def test_a_streams_batch_time_compiles_nothing_new_in_the_next_batch(
 ) -> None:
     """In a stream Spark writes the batch's time into the code after the optimizer has run, so
     ``held`` cannot keep it out; ``batch_time`` does, and is each batch's own time."""
-    (tmp_path / "held").mkdir()
-    compiled, times = _second_batch(spark, batch_time(), tmp_path / "held")
+    compiled, times = _second_batch(spark, batch_time(), tmp_path / "batch_time")
     assert compiled == 0
     assert times[0] < times[1]  # each batch's own time
-    (tmp_path / "plain").mkdir()
     compiled, _ = _second_batch(spark, F.current_timestamp(), tmp_path / "plain")
     assert compiled > 0  # the contrast: the literal made a new class
 
