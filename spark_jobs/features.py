@@ -120,18 +120,19 @@ class Featurizer:
         self.spec = spec
         self.state = state
         self.columns = training_columns(spec, state)
-        self._vocabularies: list[tuple[Vocabulary, DataFrame]] = []
+        # Each vocabulary's table and join condition; the final select leaves its key column out.
+        self._vocabularies: list[tuple[DataFrame, Column]] = []
         for feature in spec.features:
             if isinstance(feature, Vocabulary):
-                table = _vocabulary_table(spark, feature_name(feature), state)
-                self._vocabularies.append((feature, F.broadcast(table)))
+                name = feature_name(feature)
+                table = F.broadcast(_vocabulary_table(spark, name, state))
+                on = F.col(feature.column).cast("string") == F.col(f"_key_{name}")
+                self._vocabularies.append((table, on))
 
     def apply(self, df: DataFrame) -> DataFrame:
         """Enriched, labelled rows in the training-row layout."""
-        for feature, table in self._vocabularies:
-            name = feature_name(feature)
-            key = F.col(feature.column).cast("string")
-            df = df.join(table, key == F.col(f"_key_{name}"), "left").drop(f"_key_{name}")
+        for table, on in self._vocabularies:
+            df = df.join(table, on, "left")
         return df.select(*self.columns)
 
 

@@ -361,8 +361,9 @@ def prepare_export(
     # Planned now (Spark's optimizer and physical planning, ~0.2-0.4 s of driver time for a
     # featurized micro-batch), not when write() runs: a micro-batch plans while its counts job
     # runs. The Arrow batch sizes are read when planning, so inside sized_batches as well.
+    # prepare() starts the plan's broadcasts (the vocabularies' tables) in the background.
     with sized_batches(spark, row_schema, sizes):
-        written._jdf.queryExecution().executedPlan()
+        written._jdf.queryExecution().executedPlan().prepare()
 
     def write() -> Commit | None:
         with sized_batches(spark, row_schema, sizes):

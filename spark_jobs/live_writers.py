@@ -15,8 +15,9 @@ are featurized and exported (the tasks writing the shards count the positives); 
 export, the dead letters are appended with the counts in the same Iceberg commit. (It was
 eight jobs one after another: a count, a second cache of the records, their counts, the
 positives, the unusable rows twice; 10.2 s -> 8.0 s a batch of 50,000 on 2 cores.) The
-writes are planned on the driver while the counts job runs, so the export's job starts as soon
-as the counts are in (it waited 1.9-3.0 s for that planning on a loaded 2-core machine).
+writes are planned on the driver while the counts job runs, and the export's job starts once
+that job has filled the cache, while it finishes its aggregation (spark_jobs.job_watch); the
+dead letters wait for the counts, which their commit carries.
 
 Structured Streaming may run a batch id again after a failure; the writer commits a batch id once
 to each of its two sinks (the training rows, the dead-letter ledger), each of which knows the
@@ -26,8 +27,9 @@ itself, from the offset log and from the batch's operator metrics: a replay comp
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from pyspark import inheritable_thread_target
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -40,6 +42,7 @@ from spark_jobs.batch_facts import dropped_rows, late_threshold_ms
 from spark_jobs.constants import batch_value
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
+from spark_jobs.job_watch import JobWatch, cache_loaded, wait_until
 from spark_jobs.joins import dedup_kind
 from spark_jobs.outputs import TrainingSink
 from spark_jobs.rows import missing, unusable_letters, unusable_reason
@@ -122,32 +125,66 @@ class StreamWriter:
         batch = self._accounted(enriched(batch, self.stage, self.dimensions.side), threshold)
         batch = batch.persist()
         # The writes are planned (the features' joins, the dead letters, the channel's checks,
-        # the export's plan: Python and Spark's analysis on the driver, ~1-2 s a batch) in a
-        # thread while the counts job runs, not after it; no job over the batch starts before
-        # the counts are in. inheritable_thread_target: their jobs keep the streaming batch's
-        # properties.
+        # the export's plan: Python and Spark's analysis on the driver, ~1 s a batch) in a thread
+        # once the counts job is submitted, and the export's job starts once the counts job has
+        # stored every partition of the cache (spark_jobs.job_watch says why not sooner); the
+        # dead letters wait for the counts, which their commit carries. inheritable_thread_target:
+        # their jobs keep the streaming batch's properties.
         run = inheritable_thread_target(self.spark)
+        counted, failed = threading.Event(), threading.Event()
+        planned: Future[tuple[DataFrame, DataFrame]] = Future()
+        jobs = JobWatch(self.spark)
         try:
-            with ThreadPoolExecutor(2, thread_name_prefix="batch-writes") as pool:
-                planned = pool.submit(run(self._plan), batch, threshold, batch_id)
-                # The first action: it runs the stateful operators, so their metrics are final
-                # after it.
-                counts = self._counts(batch) | self._dropped()
-                letters, unusable, export = planned.result()
+            with ThreadPoolExecutor(1, thread_name_prefix="batch-writes") as pool:
+                exported = pool.submit(
+                    run(self._plan_and_export), batch, threshold, batch_id, planned, jobs,
+                    counted, failed,
+                )  # fmt: skip
+                try:
+                    # The first action: it runs the stateful operators, so their metrics are
+                    # final after it.
+                    counts = self._counts(batch) | self._dropped()
+                except BaseException:
+                    failed.set()
+                    raise
+                finally:
+                    counted.set()
                 self.records_read[batch_id] = sum(
                     n for k, n in counts.items() if k.startswith("flow.input.")
                 )
+                letters, unusable = planned.result()
                 if counts[self._unusable_key]:
                     letters = letters.unionByName(unusable)
                 letters = dead_letter_rows(letters, self.pipeline, self.stage.name)
                 # The two commits are independent (each sink knows the last batch it committed;
                 # a replay redoes only what is missing): the Iceberg commit of the dead letters,
                 # mostly the driver's metadata writes, runs while the export's tasks run.
-                ledger = pool.submit(run(self.ledger.append), letters, batch_id, counts, few=True)
-                export()
-                ledger.result()
+                self.ledger.append(letters, batch_id, counts, few=True)
+                exported.result()
         finally:
             batch.unpersist()
+
+    def _plan_and_export(
+        self,
+        batch: DataFrame,
+        threshold: int,
+        batch_id: int,
+        planned: Future[tuple[DataFrame, DataFrame]],
+        jobs: JobWatch,
+        counted: threading.Event,
+        failed: threading.Event,
+    ) -> None:
+        """:meth:`_plan` beside the counts job, then the export once the cache is filled."""
+        wait_until(jobs.staged_job_submitted, stop=counted)
+        try:
+            letters, unusable, export = self._plan(batch, threshold, batch_id)
+        except BaseException as error:
+            planned.set_exception(error)
+            raise
+        planned.set_result((letters, unusable))
+        wait_until(cache_loaded(batch), stop=counted)
+        if not failed.is_set():
+            export()
 
     def _plan(
         self, batch: DataFrame, threshold: int, batch_id: int
