@@ -2,8 +2,8 @@
 
 A live stage's writer (spark_jobs.live_writers) runs its counts job first: that job runs the
 stateful operators and fills the batch's cache. Its other work waits on two moments of that job,
-not on its end: the planning of the writes starts once the job is submitted (planned before, it
-slowed the counts' own planning), and the export's job once every partition of the cache is
+not on its end: the planning of the writes starts once the job is submitted (so that it does not
+compete with Spark planning that job), and the export's job once every partition of the cache is
 stored (the export then reads the cache while the counts job finishes its aggregation, instead
 of starting after it). Both are polled: Spark tells Python of neither.
 

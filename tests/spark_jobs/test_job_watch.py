@@ -25,10 +25,10 @@ def test_waiting_ends_when_ready_or_when_stopped() -> None:
 
 
 @pytest.fixture
-def job_group(spark: SparkSession) -> Iterator[str]:
+def job_group(spark: SparkSession) -> Iterator[None]:
     context = spark.sparkContext
     context.setJobGroup("job-watch-test", "a batch's jobs")
-    yield "job-watch-test"
+    yield
     context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
