@@ -16,7 +16,13 @@ to it:
   the batch the counts are final: :func:`dropped_rows` sums them per operator kind. They are
   stored in the batch's own commit, so they survive restarts like every other count.
 
-Both were checked on Spark 4.1 against the query progress Spark reports after each batch
+And one fact for the stage's report, read once at its end: **the events the label join holds**
+(:func:`events_in_join`), the rows of the join's event side in the checkpoint's state, read by
+Spark's state data source. Every event neither emitted nor a dead letter must be among them:
+the bound that tells "pending" from "lost". (Spark's running count of state rows would give it
+too, but its RocksDB store pays a read before every write for it: spark_jobs.live turns it off.)
+
+The first two were checked on Spark 4.1 against the query progress Spark reports after each batch
 (tests/spark_jobs/test_live_faults.py keeps checking them).
 """
 
@@ -27,10 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from flow.storage import Location
 
-__all__ = ["Dropped", "dropped_rows", "late_threshold_ms"]
+__all__ = ["Dropped", "dropped_rows", "events_in_join", "late_threshold_ms"]
 
 
 def late_threshold_ms(checkpoint: Location, batch_id: int) -> int:
@@ -106,3 +113,31 @@ def dropped_rows(spark: SparkSession, query_name: str, kind_of_keys: Any) -> Dro
 
 def _is_dedup(node: Any) -> bool:
     return "Deduplicate" in str(node.nodeName())
+
+
+_JOIN = "symmetricHashJoin"
+"""The stream-stream join's operator name in a checkpoint's state metadata."""
+
+
+def events_in_join(spark: SparkSession, checkpoint: Location, batch_id: int) -> int | None:
+    """Rows of the label join's event side (its left) in the state ``checkpoint`` holds after
+    ``batch_id``; None if its query has no stream-stream join, or more than one."""
+    uri = checkpoint.hadoop_uri
+    joins = (
+        spark.read.format("state-metadata")
+        .load(uri)
+        .where(F.col("operatorName") == _JOIN)
+        .select("operatorId")
+        .distinct()
+        .collect()
+    )
+    if len(joins) != 1:
+        return None
+    state = (
+        spark.read.format("statestore")
+        .option("operatorId", joins[0]["operatorId"])
+        .option("joinSide", "left")
+        .option("batchId", batch_id)
+        .load(uri)
+    )
+    return state.count()
