@@ -587,10 +587,11 @@ class LiveRun(StageRun[LiveStage]):
             - report.duplicates
             - (report.training_rows - report.relabelled)
         )
+        in_join: int | None = None
         if not stage.label or immediate:
             report.pending_bound = 0  # nothing waits for a window
         elif counted >= 0:
-            report.pending_bound = self.events_in_join(outputs.checkpoint, counted)
+            in_join = report.pending_bound = self.events_in_join(outputs.checkpoint, counted)
         report.batches = watch.batches
         report.extra = {
             "run_rows_in": float(watch.rows_in),
@@ -601,8 +602,8 @@ class LiveRun(StageRun[LiveStage]):
         }
         if watch.state_rows is not None:
             report.extra["state_rows"] = float(watch.state_rows)
-        if stage.label and not immediate and report.pending_bound is not None:
-            report.extra["events_in_join"] = float(report.pending_bound)
+        if in_join is not None:
+            report.extra["events_in_join"] = float(in_join)
         waiting = (
             f"{report.relabelled:,} emitted again as positives (immediate labels)"
             if immediate
