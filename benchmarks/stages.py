@@ -47,7 +47,7 @@ from pipelines.ctr_backfill import ctr_backfill
 from pipelines.ctr_streaming import ctr_streaming
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import fit_state, training_rows
-from spark_jobs.live import STATE_STORES, run_live
+from spark_jobs.live import run_live, use_state_store
 from spark_jobs.rows import channel_for
 from spark_jobs.session import get_session
 
@@ -244,8 +244,7 @@ def run_hand_written_live(
     Set here, not left to the session: a query takes the store the session names when its
     checkpoint is made, and the stage sets it on the session when it starts, so until this was
     explicit the hand-written query got the stage's store by running after it."""
-    for key, value in STATE_STORES[state_store].items():
-        spark.conf.set(key, value)
+    use_state_store(spark, state_store)
     folder = Path(tempfile.mkdtemp(prefix="flow-live-baseline-"))
     try:
         _enriched(spark, stack, namespace, _labelled(spark, stack, namespace, cap))

@@ -67,7 +67,7 @@ from spark_jobs.sources import read_kafka
 from spark_jobs.stage import Progress, StageRun
 from spark_jobs.validate import REASON, barrier, parse_kafka, with_time_checks
 
-__all__ = ["StreamFailedError", "run_live"]
+__all__ = ["StreamFailedError", "run_live", "use_state_store"]
 
 OnBatch = Callable[[dict[str, float], int], None]
 _OURS = ("ConfigError", "SchemaMismatchError", "HandoffError", "ShardCorruptError")
@@ -97,6 +97,13 @@ STATE_STORES: dict[str, dict[str, str]] = {
 }
 """Spark's settings for each LiveStage.state_store; a new checkpoint records them, an existing
 one keeps those it was made with (Spark reads them back from its offset log)."""
+
+
+def use_state_store(spark: SparkSession, state_store: str) -> None:
+    """Name ``state_store`` (a key of :data:`STATE_STORES`) on the session, for the queries whose
+    checkpoints are made after this."""
+    for key, value in STATE_STORES[state_store].items():
+        spark.conf.set(key, value)
 
 
 def _spark_counts_state(state_store: str) -> bool:
@@ -475,8 +482,7 @@ class LiveRun(StageRun[LiveStage]):
         # The smallest input watermark wins (see the module docstring), whatever the session
         # says; recorded in a new checkpoint (one made before keeps the policy it was made with).
         self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "min")
-        for key, value in STATE_STORES[self.stage.state_store].items():
-            self.spark.conf.set(key, value)
+        use_state_store(self.spark, self.stage.state_store)
         partitions = self.partitions()
         if partitions is not None:
             self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
