@@ -21,7 +21,16 @@ from contextlib import contextmanager
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-__all__ = ["MAX_BYTES", "MAX_RECORDS", "batch_limits", "parse_bytes", "row_width", "sized_batches"]
+__all__ = [
+    "MAX_BYTES",
+    "MAX_RECORDS",
+    "batch_limits",
+    "parse_bytes",
+    "restore",
+    "row_width",
+    "size_batches",
+    "sized_batches",
+]
 
 MAX_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
@@ -101,6 +110,31 @@ def parse_bytes(text: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
+def size_batches(
+    spark: SparkSession, schema: T.StructType, array_lengths: Mapping[str, int]
+) -> dict[str, str | None]:
+    """Arrow batches of rows of ``schema`` cut by record count alone, from now on (the settings
+    are read when an action plans its query); what they were before, for :func:`restore`."""
+    limits = batch_limits(
+        row_width(schema, array_lengths),
+        int(spark.conf.get(MAX_RECORDS) or 0),
+        parse_bytes(spark.conf.get(MAX_BYTES) or str(_UNCHECKED)),
+    )
+    before: dict[str, str | None] = {key: spark.conf.get(key) for key in limits}
+    for key, setting in limits.items():
+        spark.conf.set(key, setting)
+    return before
+
+
+def restore(spark: SparkSession, before: Mapping[str, str | None]) -> None:
+    """The session's settings back as :func:`size_batches` found them."""
+    for key, previous in before.items():
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
+
+
 @contextmanager
 def sized_batches(
     spark: SparkSession, schema: T.StructType, array_lengths: Mapping[str, int]
@@ -110,19 +144,8 @@ def sized_batches(
     The settings are the session's for the duration of the block, read when an action plans
     its query: run the action inside. They are restored afterwards. Yields what was set.
     """
-    limits = batch_limits(
-        row_width(schema, array_lengths),
-        int(spark.conf.get(MAX_RECORDS) or 0),
-        parse_bytes(spark.conf.get(MAX_BYTES) or str(_UNCHECKED)),
-    )
-    before: dict[str, str | None] = {key: spark.conf.get(key) for key in limits}
-    for key, setting in limits.items():
-        spark.conf.set(key, setting)
+    before = size_batches(spark, schema, array_lengths)
     try:
-        yield limits
+        yield {key: str(spark.conf.get(key)) for key in before}
     finally:
-        for key, previous in before.items():
-            if previous is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, previous)
+        restore(spark, before)

@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 
 from flow.storage import Location
 
-__all__ = ["Dropped", "dropped_rows", "events_in_join", "late_threshold_ms"]
+__all__ = ["Dropped", "dropped_rows", "events_in_join", "late_threshold_ms", "observed_metrics"]
 
 
 def late_threshold_ms(checkpoint: Location, batch_id: int) -> int:
@@ -87,12 +87,8 @@ def dropped_rows(spark: SparkSession, query_name: str, kind_of_keys: Any) -> Dro
     deduplication drops by its keys' text: ``events``, ``labels``, or ``again`` for a branch
     that sees events another branch counts already (its drops, late ones too, are left out).
     """
-    query = next((q for q in spark.streams.active if q.name == query_name), None)
-    if query is None:
-        raise RuntimeError(f"no active streaming query is named {query_name!r}")
-    execution = query._jsq.streamingQuery().lastExecution()
     found = Dropped()
-    pending = [execution.executedPlan()]
+    pending = [_last_execution(spark, query_name).executedPlan()]
     while pending:
         node = pending.pop()
         pending.extend(_children(node))
@@ -108,6 +104,28 @@ def dropped_rows(spark: SparkSession, query_name: str, kind_of_keys: Any) -> Dro
             found.duplicate_labels += duplicates
         else:
             found.duplicate_events += duplicates
+    return found
+
+
+def _last_execution(spark: SparkSession, query_name: str) -> Any:
+    """The running (or last) batch's execution of the active query ``query_name`` (JVM)."""
+    query = next((q for q in spark.streams.active if q.name == query_name), None)
+    if query is None:
+        raise RuntimeError(f"no active streaming query is named {query_name!r}")
+    return query._jsq.streamingQuery().lastExecution()
+
+
+def observed_metrics(spark: SparkSession, query_name: str) -> dict[str, dict[str, Any]]:
+    """The ``observe`` metrics of the running batch of ``query_name``, by name, once its job is
+    done (call it from the query's ``foreachBatch`` after its action)."""
+    metrics = _last_execution(spark, query_name).observedMetrics()
+    found: dict[str, dict[str, Any]] = {}
+    names = metrics.keys().iterator()
+    while names.hasNext():
+        name = names.next()
+        row = metrics.apply(name)
+        fields = row.schema().fieldNames()
+        found[str(name)] = {str(f): row.get(i) for i, f in enumerate(fields)}
     return found
 
 

@@ -28,7 +28,7 @@ class Dimensions:
     def __init__(self, spark: SparkSession, stack: StackConfig, pipeline: Pipeline) -> None:
         self.spark, self.stack, self.pipeline = spark, stack, pipeline
         self._catalog = open_catalog(stack.catalog)
-        self._cached: dict[Enrich, tuple[int, DataFrame]] = {}
+        self._cached: dict[Enrich, tuple[int | None, DataFrame]] = {}
 
     def _current(self, source: IcebergSource) -> int | None:
         snapshot = self._catalog.load_table(source.table).current_snapshot()
@@ -48,9 +48,18 @@ class Dimensions:
             cached[1].unpersist()
         read = read_table(self.spark, self.stack, source)
         frame = dimension_side(read.df, spec).persist()
-        if read.snapshot_id is not None:
-            self._cached[spec] = (read.snapshot_id, frame)
+        self._cached[spec] = (read.snapshot_id, frame)  # None: a table without a snapshot yet
         return frame
+
+    def changed(self) -> list[str]:
+        """The Iceberg tables whose snapshot is no longer the one cached (one catalog read
+        each): a query whose plan holds the cached sides reads them again by starting again."""
+        found = []
+        for spec, (snapshot, _) in self._cached.items():
+            source = self.pipeline.sources[spec.source]
+            if isinstance(source, IcebergSource) and self._current(source) != snapshot:
+                found.append(source.table)
+        return sorted(set(found))
 
     def release(self) -> None:
         for _, frame in self._cached.values():

@@ -129,11 +129,11 @@ class Featurizer:
                 on = F.col(feature.column).cast("string") == F.col(f"_key_{name}")
                 self._vocabularies.append((table, on))
 
-    def apply(self, df: DataFrame) -> DataFrame:
-        """Enriched, labelled rows in the training-row layout."""
+    def apply(self, df: DataFrame, keep: Sequence[str] = ()) -> DataFrame:
+        """Enriched, labelled rows in the training-row layout (and their ``keep`` columns)."""
         for table, on in self._vocabularies:
             df = df.join(table, on, "left")
-        return df.select(*self.columns)
+        return df.select(*self.columns, *keep)
 
 
 def _vocabulary_table(spark: SparkSession, name: str, state: FeatureState) -> DataFrame:

@@ -10,7 +10,7 @@ so never read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,15 +29,28 @@ from flow.handoff.shards import fixed_size_lists
 from spark_jobs.arrow_batches import sized_batches
 from spark_jobs.constants import batch_value
 
-__all__ = ["ExportOptions", "arrow_schema", "export", "prepare_export"]
+__all__ = [
+    "BUCKET",
+    "SHARDS",
+    "SHARDS_ARROW",
+    "ExportOptions",
+    "arrow_schema",
+    "check_writer",
+    "commit_shards",
+    "export",
+    "open_channel",
+    "prepare_export",
+    "task_writer",
+]
 
-_BUCKET = "_flow_bucket"
+BUCKET = "_flow_bucket"
+"""A row's bucket, beside its columns, as the writer tasks receive it."""
 _TASK = "_flow_task"
-_SHARDS = (
+SHARDS = (
     "path string, bucket int, rows long, bytes long, checksum string, "
     "event_min timestamp, event_max timestamp, label_sum double"
 )
-_SHARDS_ARROW = pa.schema(
+SHARDS_ARROW = pa.schema(
     [
         ("path", pa.string()),
         ("bucket", pa.int32()),
@@ -142,9 +155,9 @@ class _Buckets:
         self._held = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
-        buckets = batch.column(_BUCKET).to_numpy()
+        buckets = batch.column(BUCKET).to_numpy()
         order = np.argsort(buckets, kind="stable")
-        grouped = batch.drop_columns([_BUCKET]).take(pa.array(order))
+        grouped = batch.drop_columns([BUCKET]).take(pa.array(order))
         ordered = buckets[order]
         starts = np.flatnonzero(np.diff(ordered)) + 1
         for start, stop in zip(
@@ -173,10 +186,11 @@ class _Buckets:
             self._write(bucket, part.take(order).combine_chunks())
 
 
-def _task_writer(
+def task_writer(
     root: str, channel: str, batch_id: int, options: ExportOptions
-) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
-    """The function each writer task runs: its rows, of several buckets, in Arrow batches."""
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function each writer task runs: its rows, of several buckets (:data:`BUCKET`), in
+    Arrow batches; it yields what it wrote (:data:`SHARDS_ARROW`)."""
     event_time, label = options.event_time, options.label_sum
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -215,7 +229,7 @@ def _task_writer(
                 buckets.add(part)
         buckets.finish()
         if written:
-            yield pa.RecordBatch.from_pylist(written, schema=_SHARDS_ARROW)
+            yield pa.RecordBatch.from_pylist(written, schema=SHARDS_ARROW)
 
     return write
 
@@ -252,7 +266,7 @@ def _partition_keys(spark: SparkSession, tasks: int) -> list[int]:
 
 
 def _stats(
-    given: Mapping[str, float] | None, shards: list[Any], label: str | None
+    given: Mapping[str, float] | None, shards: Sequence[Any], label: str | None
 ) -> dict[str, float]:
     """The commit's stats: ``given``, and with ``label``, the positives the tasks counted."""
     stats = dict(given or {})
@@ -290,6 +304,37 @@ def export(
     )()
 
 
+def check_writer(channel: Channel, writer: str) -> None:
+    """Refuse a channel whose last commit another writer made: its batch ids would be mistaken
+    for replays of ``writer``'s."""
+    if not channel.exists():
+        return
+    ids = channel.commit_ids()
+    owner = channel.commit(ids[-1]).writer if ids else None
+    if owner and owner != writer:
+        raise HandoffError(
+            f"channel {channel.name!r} in {channel.root} was written by {owner}, not "
+            f"{writer} (a reset checkpoint starts its batch ids again); write to a new "
+            "channel or remove this one"
+        )
+
+
+def open_channel(channel: Channel, schema: pa.Schema, options: ExportOptions) -> ChannelMeta:
+    """The channel made (or found, the same) for rows of ``schema``, open for writing."""
+    meta = channel.create(
+        schema,
+        num_buckets=options.num_buckets,
+        compression=options.compression,
+        compression_level=options.compression_level,
+        layout=options.layout,
+        feature_state=options.feature_state,
+        max_unconsumed_bytes=options.max_unconsumed_bytes,
+        labels=options.labels,
+    )
+    channel.reopen()
+    return meta
+
+
 def prepare_export(
     df: DataFrame,
     channel: Channel,
@@ -304,33 +349,14 @@ def prepare_export(
     """:func:`export` in two steps: this call checks the channel (creating it, waiting for
     room) and plans the write, without a Spark job; calling what it returns runs the write and
     commits. A micro-batch's writer plans while another job of the batch runs."""
-    if channel.exists():
-        ids = channel.commit_ids()
-        if ids:
-            owner = channel.commit(ids[-1]).writer
-            if owner and owner != writer:
-                raise HandoffError(
-                    f"channel {channel.name!r} in {channel.root} was written by {owner}, not "
-                    f"{writer} (a reset checkpoint starts its batch ids again); write to a new "
-                    "channel or remove this one"
-                )
-        if channel.committed(batch_id):
-            return lambda: None
+    check_writer(channel, writer)
+    if channel.exists() and channel.committed(batch_id):
+        return lambda: None
     sizes = (
         dict(options.fixed_sizes) if options.fixed_sizes is not None else _fixed_sizes(df, channel)
     )
     schema = arrow_schema(df, sizes)
-    meta = channel.create(
-        schema,
-        num_buckets=options.num_buckets,
-        compression=options.compression,
-        compression_level=options.compression_level,
-        layout=options.layout,
-        feature_state=options.feature_state,
-        max_unconsumed_bytes=options.max_unconsumed_bytes,
-        labels=options.labels,
-    )
-    channel.reopen()
+    meta = open_channel(channel, schema, options)
     waited = channel.wait_for_room(progress)
     if waited > 1:
         progress(f"channel {channel.name}: waited {waited:.0f}s for consumers (backpressure)")
@@ -350,13 +376,13 @@ def prepare_export(
     bucket = F.pmod(F.xxhash64(key, seed), F.lit(options.num_buckets)).cast("int")
     keys = F.array(*[F.lit(k) for k in _partition_keys(spark, tasks)])
     shuffled = (
-        df.withColumn(_BUCKET, bucket)
-        .withColumn(_TASK, F.element_at(keys, F.col(_BUCKET) % tasks + 1))
+        df.withColumn(BUCKET, bucket)
+        .withColumn(_TASK, F.element_at(keys, F.col(BUCKET) % tasks + 1))
         .repartition(tasks, _TASK)
         .drop(_TASK)
     )
-    writer_task = _task_writer(channel.root.uri, channel.name, batch_id, options)
-    written = shuffled.mapInArrow(writer_task, _SHARDS)
+    writer_task = task_writer(channel.root.uri, channel.name, batch_id, options)
+    written = shuffled.mapInArrow(writer_task, SHARDS)
     row_schema = shuffled.schema
     # Planned now (Spark's optimizer and physical planning, ~0.2-0.4 s of driver time for a
     # featurized micro-batch), not when write() runs: a micro-batch plans while its counts job
@@ -368,15 +394,15 @@ def prepare_export(
     def write() -> Commit | None:
         with sized_batches(spark, row_schema, sizes):
             rows = written.collect()
-        return _commit(
+        return commit_shards(
             rows, channel, batch_id, schema, meta, writer, options, source_positions, stats
         )
 
     return write
 
 
-def _commit(
-    rows: list[Any],
+def commit_shards(
+    rows: Sequence[Any],
     channel: Channel,
     batch_id: int,
     schema: pa.Schema,

@@ -24,6 +24,10 @@ rows, and every count reconciles across restarts.
   (FlowError) are not retried.
 
 Every commit carries its writer and batch id, so a replayed batch writes nothing twice.
+
+Where the stage allows it, the enrichment, features and shard writers are part of the query's
+own plan and a micro-batch is one Spark job (spark_jobs.live_inplan); otherwise the writer
+plans and runs them over each batch (spark_jobs.live_writers).
 """
 
 from __future__ import annotations
@@ -59,8 +63,9 @@ from spark_jobs.joins import (
     label_stream,
     label_stream_immediate,
 )
+from spark_jobs.live_inplan import DimensionsChangedError, InPlanWriter, unsupported
 from spark_jobs.live_writers import KIND, StreamWriter, record_column
-from spark_jobs.outputs import TrainingSink, training_sink
+from spark_jobs.outputs import HandoffSink, TrainingSink, training_sink
 from spark_jobs.report import StageReport
 from spark_jobs.sinks import BatchLedger, writer_totals
 from spark_jobs.sources import read_kafka
@@ -120,6 +125,9 @@ class StreamFailedError(FlowError):
         """The error in one line."""
         self.transient = transient
         """Worth a restart: not an error of the pipeline itself (a FlowError raised in it)."""
+        self.refresh = False
+        """Not a failure: the query stopped to start again with changed dimension tables
+        (spark_jobs.live_inplan)."""
 
     @classmethod
     def of(cls, query: str, error: str) -> StreamFailedError:
@@ -130,7 +138,9 @@ class StreamFailedError(FlowError):
         # A FlowError raised in the pipeline's own code (a foreachBatch writer) is a mistake a
         # restart repeats; its Python traceback names the class.
         ours = any(f"flow.errors.{name}" in error or f"{name}:" in error for name in _OURS)
-        return cls(f"the {query} query failed: {cause}", cause=cause, transient=not ours)
+        failed = cls(f"the {query} query failed: {cause}", cause=cause, transient=not ours)
+        failed.refresh = DimensionsChangedError.__name__ in error
+        return failed
 
 
 def _kafka(pipeline: Pipeline, name: str) -> KafkaSource:
@@ -372,6 +382,8 @@ class LiveRun(StageRun[LiveStage]):
         try:
             self.supervise(outputs.checkpoint, writer, watch)
         finally:
+            if isinstance(writer, InPlanWriter):
+                writer.release()
             dimensions.release()
         return self.count(outputs, watch, writer.ledger.last)
 
@@ -410,8 +422,24 @@ class LiveRun(StageRun[LiveStage]):
 
     def writer(
         self, outputs: _Outputs, state: FeatureState, dimensions: Dimensions
-    ) -> StreamWriter:
-        """The query's per-batch writer."""
+    ) -> StreamWriter | InPlanWriter:
+        """The query's per-batch writer: the writes inside the streaming plan where the stage
+        allows it (spark_jobs.live_inplan), else a writer of its own per batch."""
+        why_not = unsupported(self.pipeline, self.stage, self.events)
+        if why_not is None and isinstance(outputs.training, HandoffSink):
+            return InPlanWriter(
+                self.spark,
+                self.stage,
+                self.pipeline.name,
+                self.sources,
+                query_name=self.query_name,
+                checkpoint=outputs.checkpoint,
+                training=outputs.training,
+                ledger=BatchLedger(self.spark, outputs.dead_letters, outputs.writer),
+                featurizer=Featurizer(self.spark, self.stage.features, state),
+                dimensions=dimensions,
+                progress=self.progress,
+            )
         return StreamWriter(
             self.spark,
             self.stage,
@@ -435,8 +463,9 @@ class LiveRun(StageRun[LiveStage]):
         )
         return parse_kafka(raw, source, name, timed=False)
 
-    def stream_frame(self) -> DataFrame:
-        """Every record read (dead-letter layout, reason, event time) beside the joined rows."""
+    def stream_frame(self, writer: StreamWriter | InPlanWriter | None = None) -> DataFrame:
+        """Every record read (dead-letter layout, reason, event time) beside the joined rows
+        (or, with the writes in the plan, what the writer tasks wrote of them)."""
         parsed = {
             name: with_time_checks(_read_once(self._parsed(name, source)), source)
             for name, source in self.sources
@@ -445,7 +474,11 @@ class LiveRun(StageRun[LiveStage]):
             DataFrame.unionByName,
             [parsed[n].select(record_column(s.event_time)) for n, s in self.sources],
         ).withColumn(KIND, F.lit("record"))
-        rows = self.labelled_frame(parsed).withColumn(KIND, F.lit("row"))
+        if isinstance(writer, InPlanWriter):
+            counted = {name: writer.counted(frame, name) for name, frame in parsed.items()}
+            rows = writer.rows(self.labelled_frame(parsed, counted), self.events)
+        else:
+            rows = self.labelled_frame(parsed).withColumn(KIND, F.lit("row"))
         return rows.unionByName(records, allowMissingColumns=True)
 
     def _valid(self, parsed: DataFrame, source: KafkaSource) -> DataFrame:
@@ -457,9 +490,13 @@ class LiveRun(StageRun[LiveStage]):
         produced = [] if PRODUCED_AT in names else [F.col("kafka_timestamp").alias(PRODUCED_AT)]
         return valid.select(*names, *produced)
 
-    def labelled_frame(self, parsed: dict[str, DataFrame]) -> DataFrame:
+    def labelled_frame(
+        self, parsed: dict[str, DataFrame], counted: dict[str, DataFrame] | None = None
+    ) -> DataFrame:
         """The valid events, deduplicated by their key and joined in the stream with their
-        labels (watermarked) if any."""
+        labels (watermarked) if any. ``counted``: the sources' records as the join reads them
+        (observed), if not ``parsed``."""
+        parsed = counted or parsed
         events = self.events
         rows = self._valid(parsed[self.stage.events], events)
         key = events.key or (self.labels[0].key if self.labels is not None else None)
@@ -478,7 +515,7 @@ class LiveRun(StageRun[LiveStage]):
             event_key=key,
         )
 
-    def start(self, checkpoint: Location, writer: StreamWriter) -> StreamingQuery:
+    def start(self, checkpoint: Location, writer: StreamWriter | InPlanWriter) -> StreamingQuery:
         # The smallest input watermark wins (see the module docstring), whatever the session
         # says; recorded in a new checkpoint (one made before keeps the policy it was made with).
         self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "min")
@@ -487,7 +524,7 @@ class LiveRun(StageRun[LiveStage]):
         if partitions is not None:
             self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         stream = (
-            self.stream_frame()
+            self.stream_frame(writer)
             .writeStream.queryName(self.query_name)
             .foreachBatch(writer)
             .option("checkpointLocation", checkpoint.hadoop_uri)
@@ -510,7 +547,9 @@ class LiveRun(StageRun[LiveStage]):
             return None
         return max(2, self.spark.sparkContext.defaultParallelism)
 
-    def supervise(self, checkpoint: Location, writer: StreamWriter, watch: _Watch) -> None:
+    def supervise(
+        self, checkpoint: Location, writer: StreamWriter | InPlanWriter, watch: _Watch
+    ) -> None:
         """Run the query; when it fails, start it again from its checkpoint after a pause, up
         to ``max_restarts`` times. An error of the pipeline itself is raised at once."""
         limit = self.options.max_restarts
@@ -520,6 +559,12 @@ class LiveRun(StageRun[LiveStage]):
                 _await(query, self.options, watch, self.on_batch, self.progress, self.stop)
                 return
             except StreamFailedError as failure:
+                if failure.refresh:
+                    self.progress(
+                        f"{self.stage.name}: a dimension table changed; the query starts again "
+                        "from its checkpoint to read it"
+                    )
+                    continue
                 if not failure.transient:
                     raise
                 if watch.restarts >= limit:

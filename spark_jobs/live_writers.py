@@ -1,4 +1,5 @@
-"""What a live stage's streaming query does with each micro-batch (its ``foreachBatch``).
+"""What a live stage's streaming query does with each micro-batch (its ``foreachBatch``), where
+its writes cannot be in the streaming plan itself (spark_jobs.live_inplan says which stages).
 
 The query hands over two kinds of rows in one batch (``_kind``): every record the batch read
 from Kafka, in the dead-letter layout with its reason ('' if valid) and its event time
@@ -50,7 +51,15 @@ from spark_jobs.sinks import BatchLedger, dead_letter_rows
 from spark_jobs.stage import enriched
 from spark_jobs.validate import DEAD_LETTER_COLUMNS, REASON
 
-__all__ = ["EVENT_TIME", "KIND", "RECORD", "BatchWriter", "StreamWriter", "record_column"]
+__all__ = [
+    "EVENT_TIME",
+    "KIND",
+    "RECORD",
+    "BatchWriter",
+    "StreamWriter",
+    "late_reason",
+    "record_column",
+]
 
 BatchWriter = Callable[[DataFrame, int], None]
 KIND = "_kind"
@@ -71,7 +80,7 @@ def record_column(event_time: str) -> Column:
     ).alias(RECORD)
 
 
-def _late_reason(threshold_ms: int, watermarks: dict[str, str]) -> Column:
+def late_reason(threshold_ms: int, watermarks: dict[str, str]) -> Column:
     behind = (batch_value(threshold_ms) - F.unix_millis(F.col(EVENT_TIME))) / 1000.0
     delay = F.lit("")
     for source, watermark in watermarks.items():
@@ -283,7 +292,7 @@ class StreamWriter:
         """The batch's invalid records and its late ones, each with its reason."""
         records = batch.where(F.col(_INVALID) | F.col(_LATE)).select(f"{RECORD}.*", _LATE)
         watermarks = {name: source.watermark for name, source in self.sources}
-        reason = F.when(F.col(_LATE), _late_reason(threshold_ms, watermarks)).otherwise(
+        reason = F.when(F.col(_LATE), late_reason(threshold_ms, watermarks)).otherwise(
             F.col(REASON)
         )
         return records.withColumn("reason", reason).drop(REASON, _LATE, EVENT_TIME)

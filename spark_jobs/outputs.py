@@ -18,12 +18,12 @@ from flow.handoff import Channel
 from flow.pipeline.model import HandoffOutput, LiveStage, Pipeline
 from flow.pipeline.state import FeatureState
 from flow.storage import Location
-from spark_jobs.handoff import prepare_export
+from spark_jobs.handoff import ExportOptions, prepare_export
 from spark_jobs.rows import channel_for, export_options, training_table
 from spark_jobs.sinks import BatchLedger, writer_totals
 from spark_jobs.stage import positives
 
-__all__ = ["TrainingSink", "training_sink"]
+__all__ = ["HandoffSink", "TrainingSink", "training_sink"]
 
 
 class TrainingSink(Protocol):
@@ -56,7 +56,9 @@ def _offsets(checkpoint: Location, batch_id: int) -> list[Any]:
     return [json.loads(line) for line in lines[2:] if line.startswith("{")]
 
 
-class _HandoffSink:
+class HandoffSink:
+    """A live stage's handoff channel, committed once per batch id under its writer id."""
+
     def __init__(
         self,
         channel: Channel,
@@ -82,26 +84,33 @@ class _HandoffSink:
     def append(self, rows: DataFrame, batch_id: int) -> None:
         self.prepare(rows, batch_id)()
 
-    def prepare(self, rows: DataFrame, batch_id: int) -> Callable[[], None]:
-        if batch_id <= self.last:
-            return lambda: None
+    def options(self, seed: int) -> ExportOptions:
+        """How a batch's rows become shards (the writer tasks count the positives)."""
         label = self.stage.label
-        options = export_options(
+        return export_options(
             self.pipeline,
             self.stage.features,
             self.state,
             self.event_time,
-            seed=batch_id,
+            seed=seed,
             labels=label.channel_labels(streaming=True) if label else None,
             count_positives=True,  # by the tasks that write the shards: no job of its own
         )
+
+    def source_positions(self, batch_id: int) -> dict[str, Any]:
+        """What a batch's commit records it read: its Kafka offsets, from the offset log."""
+        return {"kafka": _offsets(self.checkpoint, batch_id)}
+
+    def prepare(self, rows: DataFrame, batch_id: int) -> Callable[[], None]:
+        if batch_id <= self.last:
+            return lambda: None
         write = prepare_export(
             rows,
             self.channel,
             batch_id,
-            options=options,
+            options=self.options(seed=batch_id),
             writer=self.writer,
-            source_positions={"kafka": _offsets(self.checkpoint, batch_id)},
+            source_positions=self.source_positions(batch_id),
         )
 
         def run() -> None:
@@ -157,5 +166,5 @@ def training_sink(
     """The sink a live stage writes to, per the pipeline's output."""
     if isinstance(pipeline.output, HandoffOutput):
         channel = channel_for(stack, pipeline, stage.channel)
-        return _HandoffSink(channel, writer, pipeline, stage, state, event_time, checkpoint)
+        return HandoffSink(channel, writer, pipeline, stage, state, event_time, checkpoint)
     return _TableSink(spark, training_table(stack, pipeline, stage.channel), f"{writer}/main")

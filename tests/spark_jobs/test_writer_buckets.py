@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.handoff import _BUCKET, _Buckets
+from spark_jobs.handoff import BUCKET, _Buckets
 
 
 def batches(sizes: list[int], buckets: int, seed: int) -> list[pa.RecordBatch]:
@@ -16,7 +16,7 @@ def batches(sizes: list[int], buckets: int, seed: int) -> list[pa.RecordBatch]:
     for size in sizes:
         ids = np.arange(start, start + size)
         out.append(
-            pa.record_batch({"id": ids, _BUCKET: rng.integers(0, buckets, size).astype(np.int32)})
+            pa.record_batch({"id": ids, BUCKET: rng.integers(0, buckets, size).astype(np.int32)})
         )
         start += size
     return out
@@ -36,7 +36,7 @@ def test_every_row_lands_once_in_a_shard_of_its_bucket_within_the_bounds(
     bucket_of = {
         i: b
         for batch in given_batches
-        for i, b in zip(batch["id"].to_pylist(), batch[_BUCKET].to_pylist(), strict=True)
+        for i, b in zip(batch["id"].to_pylist(), batch[BUCKET].to_pylist(), strict=True)
     }
     shards: list[tuple[int, list[int]]] = []
     held: list[int] = []

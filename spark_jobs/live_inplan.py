@@ -1,0 +1,395 @@
+"""A live stage's writes inside its streaming plan: one Spark job a micro-batch.
+
+The stage's query plans its writes once per run, not once per batch (spark_jobs.live_writers
+does, over a cached batch, in three jobs). Its plan is the union of
+
+* **the training rows' writers**: the label join's rows, enriched with the dimension tables
+  (cached; see *Dimensions* below), their derived columns and features, go to ``mapInArrow``
+  tasks that write the handoff's shards and return what they wrote, one row a shard. Each row's
+  bucket is the hash of the label join's key, so the buckets line up with the join's own hash
+  partitioning: every task of the stateful stage holds whole buckets and writes them, with no
+  exchange (``num_buckets`` a multiple of the shuffle partitions; else a bucket's rows are
+  written by several tasks, as more shards). The rows that cannot train come back from the
+  same tasks as dead letters with their reason.
+* **every record read**, in the dead-letter layout with its reason and event time. Only the
+  dead ones (invalid, or late: at or before the batch's late-event threshold, which only the
+  ``foreachBatch`` knows) are kept, by a filter over the batch: no cache, no job of their own.
+
+The ``foreachBatch`` runs that one job, collects the shards' list and the dead letters, commits
+the shards to the channel and appends the dead letters with the batch's counts to the ledger.
+The counts: the records read per source and the keys each enrichment did not find are the
+plan's ``observe`` metrics (read from the batch's executed plan, spark_jobs.batch_facts), the
+invalid, late and unusable ones are the dead letters counted, the duplicates the operators'
+metrics, as before. Each commit is made once per batch id (a replay writes nothing twice): the
+writer tasks of a batch the channel already has write nothing.
+
+**Dimensions.** The dimension tables are cached when the query starts. A batch that finds an
+Iceberg table's snapshot changed stops the query before it writes anything
+(:class:`DimensionsChangedError`); the stage starts it again from its checkpoint at once, with
+the new snapshot, and the batch is run again. So an update is seen from the next batch on, as
+before, at the price of a restart (seconds) whenever a dimension table changes.
+
+Where this path does not apply (:func:`unsupported`) the stage writes as before.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from flow.errors import FlowError
+from flow.handoff import Channel
+from flow.pipeline.model import HandoffOutput, LiveStage, Pipeline
+from flow.pipeline.sources import DeltaSource, KafkaSource
+from flow.storage import Location
+from spark_jobs.arrow_batches import restore, size_batches
+from spark_jobs.batch_facts import dropped_rows, late_threshold_ms, observed_metrics
+from spark_jobs.constants import batch_value
+from spark_jobs.dimensions import Dimensions
+from spark_jobs.features import Featurizer
+from spark_jobs.handoff import (
+    BUCKET,
+    SHARDS_ARROW,
+    arrow_schema,
+    check_writer,
+    commit_shards,
+    open_channel,
+    task_writer,
+)
+from spark_jobs.joins import FOUND_PREFIX, dedup_kind
+from spark_jobs.live_writers import EVENT_TIME, KIND, RECORD, late_reason
+from spark_jobs.outputs import HandoffSink
+from spark_jobs.rows import missing, unusable_reason
+from spark_jobs.sinks import DEAD_LETTER_SCHEMA, BatchLedger, dead_letter_rows
+from spark_jobs.stage import enriched
+from spark_jobs.validate import REASON
+
+__all__ = [
+    "BATCH_PROPERTY",
+    "DEAD_RAW",
+    "DEAD_REASON",
+    "OUT_SCHEMA",
+    "DimensionsChangedError",
+    "InPlanWriter",
+    "unsupported",
+    "writer_tasks",
+]
+
+BATCH_PROPERTY = "flow.live.batch_id"
+"""The Spark local property that tells the writer tasks which micro-batch they write."""
+DEAD_RAW, DEAD_REASON = "_flow_dead_raw", "_flow_dead_reason"
+"""A joined row that cannot train: as JSON, and why (``''``: it can)."""
+_INPUT = "flow_input_"
+"""The observed metrics of a source's records read (``flow_input_<n>``, n its place)."""
+_MISSING = "flow_missing"
+"""The observed metrics of the keys each enrichment did not find (``missing<n>``)."""
+_LATE = "_late"
+_SHARD, _UNUSABLE = "shard", "unusable"
+"""The writer tasks' rows: a shard written, a row that cannot train."""
+_LETTER = [f.name for f in DEAD_LETTER_SCHEMA.fields if f.name not in ("pipeline", "stage")]
+_DEAD_LETTER_SCHEMA_IN = ", ".join(
+    f"`{f.name}` {f.dataType.simpleString()}"
+    for f in DEAD_LETTER_SCHEMA.fields
+    if f.name in _LETTER and f.name != "recorded_at"
+)
+OUT_SCHEMA = pa.schema(
+    [
+        pa.field(KIND, pa.string()),
+        *SHARDS_ARROW,
+        pa.field("raw", pa.binary()),
+        pa.field("reason", pa.string()),
+    ]
+)
+_OUT_DDL = (
+    f"{KIND} string, path string, bucket int, rows long, bytes long, checksum string, "
+    "event_min timestamp, event_max timestamp, label_sum double, raw binary, reason string"
+)
+
+
+class DimensionsChangedError(FlowError):
+    """A dimension table changed since the query started: start it again to read the new one."""
+
+
+def unsupported(pipeline: Pipeline, stage: LiveStage, events: KafkaSource) -> str | None:
+    """Why the stage cannot write inside its streaming plan (None: it can)."""
+    if not isinstance(pipeline.output, HandoffOutput):
+        return "the stage writes an Iceberg table"
+    if pipeline.output.shuffle_key is not None:
+        return "the output has a shuffle_key"
+    if stage.label is not None and stage.label.strategy == "immediate":
+        return "its labels are immediate"
+    if partition_key(stage, events) is None:
+        return "nothing partitions its rows (no label join, no event key)"
+    if any(isinstance(pipeline.sources[e.source], DeltaSource) for e in stage.enrich):
+        return "it enriches from a Delta table (read every batch)"
+    return None
+
+
+def partition_key(stage: LiveStage, events: KafkaSource) -> str | None:
+    """The column the stage's last stateful operator partitions its rows by (hash
+    partitioning): the label join's key, else the events' deduplication key."""
+    if stage.label is not None:
+        return stage.label.key
+    return events.key
+
+
+def _with_kind(batch: pa.RecordBatch, kind: str) -> pa.RecordBatch:
+    """``batch``'s columns in the writer tasks' layout (:data:`OUT_SCHEMA`), the rest null."""
+    rows = batch.num_rows
+    columns = [pa.array([kind] * rows, pa.string())]
+    for field in list(OUT_SCHEMA)[1:]:
+        index = batch.schema.get_field_index(field.name)
+        columns.append(batch.column(index) if index >= 0 else pa.nulls(rows, field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=OUT_SCHEMA)
+
+
+def _task_batch() -> int:
+    """The micro-batch a task works for, as the ``foreachBatch`` said (-1: not said)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    said = context.getLocalProperty(BATCH_PROPERTY) if context is not None else None
+    return int(said) if said else -1
+
+
+ArrowTask = Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def writer_tasks(
+    write_shards: Callable[[int], ArrowTask],
+    written_upto: int,
+    batch_of: Callable[[], int] = _task_batch,
+) -> ArrowTask:
+    """What each task of the stateful stage runs over its joined rows: those that can train
+    written as shards by ``write_shards(batch)`` (unless the channel has the batch: ``<=
+    written_upto``), the others returned as dead letters."""
+
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        batch_id = batch_of()
+        dead: list[pa.RecordBatch] = []
+
+        def usable() -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                bad = pc.fill_null(pc.not_equal(batch.column(DEAD_REASON), ""), False)
+                if pc.any(bad).as_py():
+                    taken = batch.filter(bad)
+                    dead.append(
+                        pa.RecordBatch.from_arrays(
+                            [taken.column(DEAD_RAW), taken.column(DEAD_REASON)],
+                            names=["raw", "reason"],
+                        )
+                    )
+                    batch = batch.filter(pc.invert(bad))
+                yield batch.drop_columns([DEAD_RAW, DEAD_REASON])
+
+        if batch_id < 0:
+            raise RuntimeError(f"the writer task was not told its batch ({BATCH_PROPERTY})")
+        if batch_id <= written_upto:
+            for _ in usable():  # its shards are committed: only its dead letters are needed
+                pass
+        else:
+            for shards in write_shards(batch_id)(usable()):
+                yield _with_kind(shards, _SHARD)
+        for letters in dead:
+            yield _with_kind(letters, _UNUSABLE)
+
+    return run
+
+
+class InPlanWriter:
+    """A live stage's streaming plan with its writes in it, and its ``foreachBatch``."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        stage: LiveStage,
+        pipeline: str,
+        sources: Sequence[tuple[str, KafkaSource]],
+        *,
+        query_name: str,
+        checkpoint: Location,
+        training: HandoffSink,
+        ledger: BatchLedger,
+        featurizer: Featurizer,
+        dimensions: Dimensions,
+        progress: Callable[[str], None],
+    ) -> None:
+        self.spark, self.stage, self.pipeline = spark, stage, pipeline
+        self.sources = list(sources)
+        self.query_name, self.checkpoint = query_name, checkpoint
+        self.training, self.ledger = training, ledger
+        self.featurizer, self.dimensions = featurizer, dimensions
+        self.progress = progress
+        self.records_read: dict[int, int] = {}
+        """Kafka records each batch read (all sources), by batch id."""
+        self._channel: Channel = training.channel
+        self._schema: pa.Schema | None = None
+        self._meta: Any = None
+        self._restore: dict[str, str | None] = {}
+
+    # -- the plan -------------------------------------------------------------------------------
+
+    def counted(self, parsed: DataFrame, name: str) -> DataFrame:
+        """``parsed`` (a source's records), counted as they pass (an observed metric)."""
+        place = [n for n, _ in self.sources].index(name)
+        return parsed.observe(f"{_INPUT}{place}", F.count(F.lit(1)).alias("records"))
+
+    def rows(self, labelled: DataFrame, events: KafkaSource) -> DataFrame:
+        """The label join's rows enriched, featurized and written by the stateful stage's tasks:
+        a row per shard written and per row that cannot train (the writer tasks' layout)."""
+        stage, spec = self.stage, self.stage.features
+        key = partition_key(stage, events)
+        assert key is not None  # unsupported() said so
+        rows = enriched(labelled, stage, self.dimensions.side)
+        flags = missing(stage.enrich)
+        if flags:
+            rows = rows.observe(
+                _MISSING,
+                *[
+                    F.sum(flag.cast("long")).alias(f"missing{i}")
+                    for i, flag in enumerate(flags.values())
+                ],
+            )
+        reason = unusable_reason(spec, stage.enrich)
+        shown = [F.col(c) for c in rows.columns if not c.startswith(FOUND_PREFIX)]
+        output = self.training.options(seed=0)
+        bucket = F.pmod(F.hash(F.col(key)), F.lit(output.num_buckets)).cast("int")
+        rows = rows.withColumns(
+            {
+                BUCKET: bucket,
+                DEAD_REASON: reason,
+                DEAD_RAW: F.when(reason != "", F.to_json(F.struct(*shown)).cast("binary")),
+            }
+        )
+        features = self.featurizer.apply(rows, keep=(BUCKET, DEAD_RAW, DEAD_REASON))
+        training = features.drop(BUCKET, DEAD_RAW, DEAD_REASON)
+        sizes = dict(output.fixed_sizes or {})
+        self._schema = arrow_schema(training, sizes)
+        check_writer(self._channel, self.training.writer)
+        self._meta = open_channel(self._channel, self._schema, output)
+        root, channel = self._channel.root.uri, self._channel.name
+
+        def shards(batch_id: int) -> ArrowTask:
+            # A batch's shards are permuted by its id, as the export seeds them.
+            return task_writer(root, channel, batch_id, replace(output, seed=batch_id))
+
+        # The Arrow batches' size limits are read when each batch is planned: set for the run.
+        self._restore = self._restore or size_batches(self.spark, features.schema, sizes)
+        written_upto = self.training.last
+        return features.mapInArrow(writer_tasks(shards, written_upto), _OUT_DDL)
+
+    # -- each micro-batch -----------------------------------------------------------------------
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        if batch_id <= min(self.training.last, self.ledger.last):
+            return  # a replay of a batch already committed in full
+        changed = self.dimensions.changed()
+        if changed:
+            raise DimensionsChangedError(
+                f"dimension table(s) {', '.join(changed)} changed: the query starts again to "
+                "read them"
+            )
+        threshold = late_threshold_ms(self.checkpoint, batch_id)
+        writes = batch_id > self.training.last
+        if writes:
+            waited = self._channel.wait_for_room(self.progress)
+            if waited > 1:
+                self.progress(
+                    f"channel {self._channel.name}: waited {waited:.0f}s for consumers "
+                    "(backpressure)"
+                )
+        self.spark.sparkContext.setLocalProperty(BATCH_PROPERTY, str(batch_id))
+        try:
+            found = self._kept(batch, threshold).collect()
+        finally:
+            self.spark.sparkContext.setLocalProperty(BATCH_PROPERTY, None)  # type: ignore[arg-type]
+        counts = self._counts(found)
+        self.records_read[batch_id] = sum(
+            n for k, n in counts.items() if k.startswith("flow.input.")
+        )
+        if writes:
+            commit_shards(
+                [r for r in found if r[KIND] == _SHARD],
+                self._channel,
+                batch_id,
+                self._schema,
+                self._meta,
+                self.training.writer,
+                self.training.options(seed=batch_id),
+                self.training.source_positions(batch_id),
+                None,
+            )
+            self.training.last = batch_id
+        letters = [tuple(r[c] for c in _LETTER[:-1]) for r in found if r[KIND] != _SHARD]
+        frame = self.spark.createDataFrame(letters, _DEAD_LETTER_SCHEMA_IN)
+        self.ledger.append(
+            dead_letter_rows(frame, self.pipeline, self.stage.name), batch_id, counts, few=True
+        )
+
+    def _kept(self, batch: DataFrame, threshold_ms: int) -> DataFrame:
+        """Of the batch, the writer tasks' rows and the dead records, as dead letters."""
+        record = F.col(RECORD)
+        is_record = F.col(KIND) == "record"
+        late = (
+            is_record
+            & (record[REASON] == "")
+            & record[EVENT_TIME].isNotNull()
+            & (F.unix_millis(record[EVENT_TIME]) <= batch_value(threshold_ms))
+        )
+        kept = batch.where(~is_record | (record[REASON] != "") | late).select(
+            KIND,
+            *[F.col(f.name) for f in SHARDS_ARROW],
+            F.col("raw").alias("_row_raw"),
+            F.col("reason").alias("_row_reason"),
+            late.alias(_LATE),
+            f"{RECORD}.*",
+        )
+        watermarks = {name: source.watermark for name, source in self.sources}
+        is_record = F.col(KIND) == "record"
+        reason = F.when(F.col(_LATE), late_reason(threshold_ms, watermarks)).otherwise(
+            F.col(REASON)
+        )
+        return kept.select(
+            KIND,
+            *[F.col(f.name) for f in SHARDS_ARROW],
+            F.col(_LATE),
+            F.when(is_record, F.col("source")).otherwise(F.lit(self.stage.events)).alias("source"),
+            *[F.col(c) for c in ("topic", "partition", "offset", "kafka_timestamp", "key")],
+            F.when(is_record, F.col("raw")).otherwise(F.col("_row_raw")).alias("raw"),
+            F.when(is_record, reason).otherwise(F.col("_row_reason")).alias("reason"),
+        )
+
+    def _counts(self, found: Sequence[Any]) -> dict[str, int]:
+        """The batch's counts, as the ledger's commit carries them (spark_jobs.live_writers)."""
+        observed = observed_metrics(self.spark, self.query_name)
+        counts: Counter[str] = Counter()
+        for place, (name, _) in enumerate(self.sources):
+            counts[f"flow.input.{name}"] = int(
+                observed.get(f"{_INPUT}{place}", {}).get("records", 0)
+            )
+            counts[f"flow.invalid.{name}"] += 0
+            counts[f"flow.late.{name}"] += 0
+        for row in found:
+            if row[KIND] == "record":
+                counts[f"flow.{'late' if row[_LATE] else 'invalid'}.{row['source']}"] += 1
+        counts[f"flow.unusable.{self.stage.events}"] = sum(1 for r in found if r[KIND] == _UNUSABLE)
+        by_enrichment = observed.get(_MISSING, {})
+        for i, name in enumerate(missing(self.stage.enrich)):
+            counts[f"flow.missing.{name}"] = int(by_enrichment.get(f"missing{i}") or 0)
+        dropped = dropped_rows(self.spark, self.query_name, dedup_kind)
+        counts[f"flow.duplicates.{self.stage.events}"] = dropped.duplicate_events
+        if self.stage.label is not None:
+            counts[f"flow.duplicates.{self.stage.label.source}"] = dropped.duplicate_labels
+        counts["flow.operators_late"] = dropped.late
+        return dict(counts)
+
+    def release(self) -> None:
+        """Undo what the run set on the session."""
+        restore(self.spark, self._restore)
