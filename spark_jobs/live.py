@@ -244,6 +244,9 @@ def _poll(query: StreamingQuery, watch: _Watch, on_batch: OnBatch) -> None:
         on_batch(
             {
                 "batch_rows_in": float(rows),
+                # Spark's count, once per scan of a topic in the plan: above batch_rows_in, a
+                # topic was read more than once (the exchange _read_once sets up not reused).
+                "batch_rows_scanned": float(scanned),
                 "batch_input_rows_per_s": float(data.get("inputRowsPerSecond") or 0.0),
                 "batch_processed_rows_per_s": float(data.get("processedRowsPerSecond") or 0.0),
                 "batch_duration_ms": float(data["durationMs"].get("triggerExecution", 0)),

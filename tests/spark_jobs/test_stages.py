@@ -50,6 +50,7 @@ from spark_jobs import backfill, live
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import training_rows
 from spark_jobs.live import run_live
+from spark_jobs.live_inplan import unsupported
 from spark_jobs.report import StageReport
 from spark_jobs.rows import dead_letter_table, training_table
 from spark_jobs.sinks import BatchLedger, append_once, writer_totals
@@ -462,6 +463,42 @@ def test_a_live_stage_reads_each_topic_once_a_batch(
     read = sum(int(p["numInputRows"]) for p in (json.loads(q.json) for q in query.recentProgress))
     assert read == 4, f"Spark read {read} rows for 4 records: a topic was read more than once"
     assert sum(seen) >= 4  # every record is in its batch (and the joined rows beside them)
+
+
+def test_a_live_stage_writing_inside_its_plan_reads_each_topic_once_a_batch(
+    spark: SparkSession, live_world: Lake
+) -> None:
+    """With its writes inside the streaming plan (spark_jobs.live_inplan) the stage still reads
+    each topic once: Spark's count of the rows it scanned equals the records counted, and the
+    counts reconcile."""
+    world = live_world
+    pipeline = world.pipeline()
+    stage = pipeline.stage("live", LiveStage)
+    events = pipeline.sources[stage.events]
+    assert isinstance(events, KafkaSource)
+    assert unsupported(pipeline, stage, events) is None
+    world.send(
+        "impressions",
+        [
+            {"id": "e1", "user_id": 1, "ts": m(0), "position": 1, "device": "ios"},
+            {"id": "e2", "user_id": 2, "ts": m(1), "position": 2, "device": "web"},
+            b"not json",
+        ],
+    )
+    world.send("clicks", [{"id": "e1", "ts": m(0.5)}])
+    batches: list[dict[str, float]] = []
+    report = run_live(
+        spark,
+        pipeline,
+        stage,
+        world.stack,
+        RunOptions(),
+        on_batch=lambda metrics, _batch: batches.append(metrics),
+    )
+    scanned = sum(b.get("batch_rows_scanned", 0.0) for b in batches)
+    assert scanned == 4, f"Spark read {scanned} rows for 4 records: a topic was read twice"
+    assert (report.events_input, report.labels_input, report.events_dead) == (3, 1, 1)
+    assert report.reconciled
 
 
 class LiveRun:
