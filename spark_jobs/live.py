@@ -428,33 +428,20 @@ class LiveRun(StageRun[LiveStage]):
     ) -> StreamWriter | InPlanWriter:
         """The query's per-batch writer: the writes inside the streaming plan where the stage
         allows it (spark_jobs.live_inplan), else a writer of its own per batch."""
-        why_not = unsupported(self.pipeline, self.stage, self.events)
-        if why_not is None and isinstance(outputs.training, HandoffSink):
-            return InPlanWriter(
-                self.spark,
-                self.stage,
-                self.pipeline.name,
-                self.sources,
-                query_name=self.query_name,
-                checkpoint=outputs.checkpoint,
-                training=outputs.training,
-                ledger=BatchLedger(self.spark, outputs.dead_letters, outputs.writer),
-                featurizer=Featurizer(self.spark, self.stage.features, state),
-                dimensions=dimensions,
-                progress=self.progress,
-            )
-        return StreamWriter(
-            self.spark,
-            self.stage,
-            self.pipeline.name,
-            self.sources,
-            query_name=self.query_name,
-            checkpoint=outputs.checkpoint,
-            training=outputs.training,
-            ledger=BatchLedger(self.spark, outputs.dead_letters, outputs.writer),
-            featurizer=Featurizer(self.spark, self.stage.features, state),
-            dimensions=dimensions,
-        )
+        parts: dict[str, Any] = {
+            "query_name": self.query_name,
+            "checkpoint": outputs.checkpoint,
+            "ledger": BatchLedger(self.spark, outputs.dead_letters, outputs.writer),
+            "featurizer": Featurizer(self.spark, self.stage.features, state),
+            "dimensions": dimensions,
+        }
+        common = (self.spark, self.stage, self.pipeline.name, self.sources)
+        training = outputs.training
+        if unsupported(self.pipeline, self.stage, self.events) is None and isinstance(
+            training, HandoffSink
+        ):
+            return InPlanWriter(*common, training=training, progress=self.progress, **parts)
+        return StreamWriter(*common, training=training, **parts)
 
     def _parsed(self, name: str, source: KafkaSource) -> DataFrame:
         raw = read_kafka(

@@ -16,7 +16,8 @@ does, over a cached batch, in three jobs). Its plan is the union of
   ``foreachBatch`` knows) are kept, by a filter over the batch: no cache, no job of their own.
 
 The ``foreachBatch`` runs that one job, collects the shards' list and the dead letters, commits
-the shards to the channel and appends the dead letters with the batch's counts to the ledger.
+the shards to the channel, and appends the dead letters with the batch's counts to the ledger
+while the next batch runs (kept as a file until then: spark_jobs.pending_ledger).
 The counts: the records read per source and the keys each enrichment did not find are the
 plan's ``observe`` metrics (read from the batch's executed plan, spark_jobs.batch_facts), the
 invalid, late and unusable ones are the dead letters counted, the duplicates the operators'
@@ -45,7 +46,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from flow.errors import FlowError
-from flow.handoff import Channel
+from flow.handoff import Channel, ChannelMeta
 from flow.pipeline.model import HandoffOutput, LiveStage, Pipeline
 from flow.pipeline.sources import DeltaSource, KafkaSource
 from flow.storage import Location
@@ -66,8 +67,10 @@ from spark_jobs.handoff import (
 from spark_jobs.joins import FOUND_PREFIX, dedup_kind
 from spark_jobs.live_writers import EVENT_TIME, KIND, RECORD, late_reason
 from spark_jobs.outputs import HandoffSink
+from spark_jobs.pending_ledger import FOLDER as PENDING
+from spark_jobs.pending_ledger import PendingLedger
 from spark_jobs.rows import missing, unusable_reason
-from spark_jobs.sinks import DEAD_LETTER_SCHEMA, BatchLedger, dead_letter_rows
+from spark_jobs.sinks import BatchLedger, dead_letter_rows
 from spark_jobs.stage import enriched
 from spark_jobs.validate import REASON
 
@@ -93,12 +96,21 @@ _MISSING = "flow_missing"
 _LATE = "_late"
 _SHARD, _UNUSABLE = "shard", "unusable"
 """The writer tasks' rows: a shard written, a row that cannot train."""
-_LETTER = [f.name for f in DEAD_LETTER_SCHEMA.fields if f.name not in ("pipeline", "stage")]
-_DEAD_LETTER_SCHEMA_IN = ", ".join(
-    f"`{f.name}` {f.dataType.simpleString()}"
-    for f in DEAD_LETTER_SCHEMA.fields
-    if f.name in _LETTER and f.name != "recorded_at"
+_LETTERS = pa.schema(
+    [
+        ("source", pa.string()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("kafka_timestamp", pa.timestamp("us", tz="UTC")),
+        ("key", pa.binary()),
+        ("raw", pa.binary()),
+        ("reason", pa.string()),
+    ]
 )
+"""A batch's dead letters as it keeps them (spark_jobs.pending_ledger): the dead-letter table's
+columns but the pipeline, stage and when recorded, which the append adds."""
+_KAFKA_US = "_kafka_timestamp_us"
 OUT_SCHEMA = pa.schema(
     [
         pa.field(KIND, pa.string()),
@@ -203,6 +215,19 @@ def writer_tasks(
     return run
 
 
+def _letters(found: Sequence[Any]) -> pa.Table:
+    """The dead letters among a batch's collected rows (all but the shards)."""
+    dead = [r for r in found if r[KIND] != _SHARD]
+    columns: dict[str, pa.Array] = {}
+    for field in _LETTERS:
+        if field.name == "kafka_timestamp":
+            micros = pa.array([r[_KAFKA_US] for r in dead], pa.int64())
+            columns[field.name] = micros.cast(field.type)
+        else:
+            columns[field.name] = pa.array([r[field.name] for r in dead], field.type)
+    return pa.table(columns, schema=_LETTERS)
+
+
 class InPlanWriter:
     """A live stage's streaming plan with its writes in it, and its ``foreachBatch``."""
 
@@ -231,8 +256,11 @@ class InPlanWriter:
         """Kafka records each batch read (all sources), by batch id."""
         self._channel: Channel = training.channel
         self._schema: pa.Schema | None = None
-        self._meta: Any = None
+        self._meta: ChannelMeta | None = None
         self._restore: dict[str, str | None] = {}
+        self.pending = PendingLedger(
+            checkpoint.child(PENDING), self._append, lambda: self.ledger.last, stage.name, progress
+        )
 
     # -- the plan -------------------------------------------------------------------------------
 
@@ -244,6 +272,7 @@ class InPlanWriter:
     def rows(self, labelled: DataFrame, events: KafkaSource) -> DataFrame:
         """The label join's rows enriched, featurized and written by the stateful stage's tasks:
         a row per shard written and per row that cannot train (the writer tasks' layout)."""
+        self.pending.recover()  # what a run before this one kept and did not append
         stage, spec = self.stage, self.stage.features
         key = partition_key(stage, events)
         assert key is not None  # unsupported() said so
@@ -314,7 +343,14 @@ class InPlanWriter:
         self.records_read[batch_id] = sum(
             n for k, n in counts.items() if k.startswith("flow.input.")
         )
+        # The dead letters and counts are kept (a file) before the training commit, and appended
+        # to the ledger while the next batch runs (spark_jobs.pending_ledger).
+        ledger_due = batch_id > self.ledger.last
+        if ledger_due:
+            self.pending.keep(batch_id, _letters(found), counts)
         if writes:
+            assert self._schema is not None  # rows() made them
+            assert self._meta is not None
             commit_shards(
                 [r for r in found if r[KIND] == _SHARD],
                 self._channel,
@@ -327,11 +363,13 @@ class InPlanWriter:
                 None,
             )
             self.training.last = batch_id
-        letters = [tuple(r[c] for c in _LETTER[:-1]) for r in found if r[KIND] != _SHARD]
-        frame = self.spark.createDataFrame(letters, _DEAD_LETTER_SCHEMA_IN)
-        self.ledger.append(
-            dead_letter_rows(frame, self.pipeline, self.stage.name), batch_id, counts, few=True
-        )
+        if ledger_due:
+            self.pending.append_soon(batch_id)
+
+    def _append(self, batch_id: int, letters: pa.Table, counts: dict[str, int]) -> None:
+        """Append a batch's dead letters (:data:`_LETTERS`) with its counts to the ledger."""
+        rows = dead_letter_rows(self.spark.createDataFrame(letters), self.pipeline, self.stage.name)
+        self.ledger.append(rows, batch_id, counts, few=True)
 
     def _kept(self, batch: DataFrame, threshold_ms: int) -> DataFrame:
         """Of the batch, the writer tasks' rows and the dead records, as dead letters."""
@@ -361,7 +399,9 @@ class InPlanWriter:
             *[F.col(f.name) for f in SHARDS_ARROW],
             F.col(_LATE),
             F.when(is_record, F.col("source")).otherwise(F.lit(self.stage.events)).alias("source"),
-            *[F.col(c) for c in ("topic", "partition", "offset", "kafka_timestamp", "key")],
+            *[F.col(c) for c in ("topic", "partition", "offset", "key")],
+            # As a number: a collected timestamp is a naive datetime in the driver's time zone.
+            F.unix_micros(F.col("kafka_timestamp")).alias(_KAFKA_US),
             F.when(is_record, F.col("raw")).otherwise(F.col("_row_raw")).alias("raw"),
             F.when(is_record, reason).otherwise(F.col("_row_reason")).alias("reason"),
         )
@@ -391,5 +431,13 @@ class InPlanWriter:
         return dict(counts)
 
     def release(self) -> None:
-        """Undo what the run set on the session."""
+        """Wait for the last batch's ledger append; undo what the run set on the session."""
+        try:
+            self.pending.wait()
+        except Exception as error:  # its file stays; the next run appends it
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            self.progress(
+                f"{self.stage.name}: the last batch's dead letters were not appended ({first}); "
+                "the next run appends them"
+            )
         restore(self.spark, self._restore)

@@ -430,15 +430,7 @@ def test_a_replayed_batch_commits_nothing(spark: SparkSession, world: Lake) -> N
     assert writer_totals(spark, table, "w1")["flow.n"] == 6
 
 
-@pytest.mark.parametrize("strategy", ["window", "immediate"])
-def test_a_live_stage_reads_each_topic_once_a_batch(
-    spark: SparkSession, world: Lake, tmp_path: Path, strategy: LabelStrategy
-) -> None:
-    """The stage's plan uses a topic's records two or three times (the accounting, the join;
-    ``immediate`` joins the events twice); Spark's own count of rows read says each record is
-    read once, the bad one included."""
-    pipeline = world.pipeline(strategy)
-    stage = pipeline.stage("live", LiveStage)
+def _two_impressions_a_bad_record_and_a_click(world: Lake) -> None:
     world.send(
         "impressions",
         [
@@ -448,6 +440,18 @@ def test_a_live_stage_reads_each_topic_once_a_batch(
         ],
     )
     world.send("clicks", [{"id": "e1", "ts": m(0.5)}])
+
+
+@pytest.mark.parametrize("strategy", ["window", "immediate"])
+def test_a_live_stage_reads_each_topic_once_a_batch(
+    spark: SparkSession, world: Lake, tmp_path: Path, strategy: LabelStrategy
+) -> None:
+    """The stage's plan uses a topic's records two or three times (the accounting, the join;
+    ``immediate`` joins the events twice); Spark's own count of rows read says each record is
+    read once, the bad one included."""
+    pipeline = world.pipeline(strategy)
+    stage = pipeline.stage("live", LiveStage)
+    _two_impressions_a_bad_record_and_a_click(world)
     stage_run = live.LiveRun(
         spark, pipeline, stage, world.stack, RunOptions(), print, lambda _m, _b: None, lambda: False
     )
@@ -477,15 +481,7 @@ def test_a_live_stage_writing_inside_its_plan_reads_each_topic_once_a_batch(
     events = pipeline.sources[stage.events]
     assert isinstance(events, KafkaSource)
     assert unsupported(pipeline, stage, events) is None
-    world.send(
-        "impressions",
-        [
-            {"id": "e1", "user_id": 1, "ts": m(0), "position": 1, "device": "ios"},
-            {"id": "e2", "user_id": 2, "ts": m(1), "position": 2, "device": "web"},
-            b"not json",
-        ],
-    )
-    world.send("clicks", [{"id": "e1", "ts": m(0.5)}])
+    _two_impressions_a_bad_record_and_a_click(world)
     batches: list[dict[str, float]] = []
     report = run_live(
         spark,
