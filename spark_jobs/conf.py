@@ -16,6 +16,7 @@ from flow.config import LOOPBACK, CatalogConfig, S3Config, StackConfig, is_s3
 from flow.stack.iceberg import s3_properties
 
 __all__ = [
+    "CODEGEN_CACHE",
     "CONNECTORS_KEY",
     "LAUNCH_KEYS",
     "REQUIRED_CLASSES",
@@ -60,6 +61,9 @@ _OPTIONAL_CLASSES = {"delta": "Delta (delta-spark)", "kafka": "Kafka (spark-sql-
 CONNECTORS_KEY = "spark.flow.connectors"
 """The optional connectors (flow.engine.CONNECTORS) a job was launched with, comma-separated:
 the session then asks for no others' extensions, catalogs or classes. Unset: all of them."""
+
+CODEGEN_CACHE = "spark.sql.codegen.cache.maxEntries"
+"""How many generated classes Spark keeps per JVM (see :func:`session_conf`)."""
 
 
 def connectors_given(value: str | None) -> frozenset[str] | None:
@@ -165,6 +169,16 @@ def session_conf(
         # 4.4 -> 3.6 s), the same output. HotSpot's limit holds on any master's executors, so
         # every master gets it; --conf sets it back.
         "spark.sql.codegen.hugeMethodLimit": "8000",
+        # Spark keeps the classes it generated for 100 plans (by their source) per JVM. A live
+        # stage's micro-batch runs more than that (the parse and its checks, each stateful
+        # operator's projections, the enrichment, the features, the writers), so at 100 the
+        # cache evicted each batch what the next one needed: Janino compiled them again and
+        # HotSpot's JIT after it. Counted in the driver's log (CodeGenerator, INFO) over
+        # `flow bench stages --only live`: at 100, 129-146 classes compiled every turn of 4
+        # batches, the hand-written query's 67 each turn too (the stage evicted them); at
+        # 1000, none after the first turn. A cached class is tens of kB; a static setting,
+        # read when the JVM first generates code, so every master (each executor) gets it.
+        CODEGEN_CACHE: "1000",
         **catalog_conf(stack.catalog),
     }
     if stack.uses_s3:

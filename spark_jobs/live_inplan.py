@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -52,7 +53,6 @@ from flow.pipeline.sources import DeltaSource, KafkaSource
 from flow.storage import Location
 from spark_jobs.arrow_batches import restore, size_batches
 from spark_jobs.batch_facts import dropped_rows, late_threshold_ms, observed_metrics
-from spark_jobs.constants import batch_value
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
 from spark_jobs.handoff import (
@@ -65,7 +65,14 @@ from spark_jobs.handoff import (
     task_writer,
 )
 from spark_jobs.joins import FOUND_PREFIX, dedup_kind
-from spark_jobs.live_writers import EVENT_TIME, KIND, RECORD, late_reason
+from spark_jobs.live_writers import (
+    KIND,
+    RECORD,
+    late_reason_sql,
+    late_sql,
+    sql_name,
+    sql_string,
+)
 from spark_jobs.outputs import HandoffSink
 from spark_jobs.pending_ledger import FOLDER as PENDING
 from spark_jobs.pending_ledger import PendingLedger
@@ -372,38 +379,28 @@ class InPlanWriter:
         self.ledger.append(rows, batch_id, counts, few=True)
 
     def _kept(self, batch: DataFrame, threshold_ms: int) -> DataFrame:
-        """Of the batch, the writer tasks' rows and the dead records, as dead letters."""
-        record = F.col(RECORD)
-        is_record = F.col(KIND) == "record"
-        late = (
-            is_record
-            & (record[REASON] == "")
-            & record[EVENT_TIME].isNotNull()
-            & (F.unix_millis(record[EVENT_TIME]) <= batch_value(threshold_ms))
-        )
-        kept = batch.where(~is_record | (record[REASON] != "") | late).select(
-            KIND,
-            *[F.col(f.name) for f in SHARDS_ARROW],
-            F.col("raw").alias("_row_raw"),
-            F.col("reason").alias("_row_reason"),
-            late.alias(_LATE),
-            f"{RECORD}.*",
-        )
+        """Of the batch, the writer tasks' rows and the dead records, as dead letters.
+
+        Built as SQL text: two calls into the JVM, where the column API made one per expression
+        (0.15-0.35 s a batch on the 2-core machine, before the batch's job starts)."""
+        record = partial(sql_name, RECORD)
+        is_record = f"({sql_name(KIND)} = 'record')"
+        late = f"({is_record} AND {late_sql(threshold_ms)})"
         watermarks = {name: source.watermark for name, source in self.sources}
-        is_record = F.col(KIND) == "record"
-        reason = F.when(F.col(_LATE), late_reason(threshold_ms, watermarks)).otherwise(
-            F.col(REASON)
-        )
-        return kept.select(
-            KIND,
-            *[F.col(f.name) for f in SHARDS_ARROW],
-            F.col(_LATE),
-            F.when(is_record, F.col("source")).otherwise(F.lit(self.stage.events)).alias("source"),
-            *[F.col(c) for c in ("topic", "partition", "offset", "key")],
+        reason = late_reason_sql(threshold_ms, watermarks, RECORD)
+        events = sql_string(self.stage.events)
+        kept = batch.where(f"NOT {is_record} OR {record(REASON)} != '' OR {late}")
+        return kept.selectExpr(
+            sql_name(KIND),
+            *[sql_name(f.name) for f in SHARDS_ARROW],
+            f"{late} AS {sql_name(_LATE)}",
+            f"CASE WHEN {is_record} THEN {record('source')} ELSE {events} END AS source",
+            *[f"{record(c)} AS {sql_name(c)}" for c in ("topic", "partition", "offset", "key")],
             # As a number: a collected timestamp is a naive datetime in the driver's time zone.
-            F.unix_micros(F.col("kafka_timestamp")).alias(_KAFKA_US),
-            F.when(is_record, F.col("raw")).otherwise(F.col("_row_raw")).alias("raw"),
-            F.when(is_record, reason).otherwise(F.col("_row_reason")).alias("reason"),
+            f"unix_micros({record('kafka_timestamp')}) AS {sql_name(_KAFKA_US)}",
+            f"CASE WHEN {is_record} THEN {record('raw')} ELSE {sql_name('raw')} END AS raw",
+            f"CASE WHEN NOT {is_record} THEN {sql_name('reason')} "
+            f"WHEN {late} THEN {reason} ELSE {record(REASON)} END AS reason",
         )
 
     def _counts(self, found: Sequence[Any]) -> dict[str, int]:

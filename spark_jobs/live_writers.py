@@ -40,7 +40,7 @@ from flow.pipeline.model import LiveStage
 from flow.pipeline.sources import KafkaSource
 from flow.storage import Location
 from spark_jobs.batch_facts import dropped_rows, late_threshold_ms
-from spark_jobs.constants import batch_value
+from spark_jobs.constants import batch_value, batch_value_sql
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
 from spark_jobs.job_watch import JobWatch, cache_loaded, wait_until
@@ -58,7 +58,11 @@ __all__ = [
     "BatchWriter",
     "StreamWriter",
     "late_reason",
+    "late_reason_sql",
+    "late_sql",
     "record_column",
+    "sql_name",
+    "sql_string",
 ]
 
 BatchWriter = Callable[[DataFrame, int], None]
@@ -80,22 +84,56 @@ def record_column(event_time: str) -> Column:
     ).alias(RECORD)
 
 
-def late_reason(threshold_ms: int, watermarks: dict[str, str]) -> Column:
-    behind = (batch_value(threshold_ms) - F.unix_millis(F.col(EVENT_TIME))) / 1000.0
-    delay = F.lit("")
-    for source, watermark in watermarks.items():
-        delay = F.when(F.col("source") == source, F.lit(watermark)).otherwise(delay)
-    return F.concat(
-        F.lit("late: event time "),
-        F.date_format(F.col(EVENT_TIME), "yyyy-MM-dd HH:mm:ss"),
-        F.lit(" is "),
-        F.format_number(behind, 1),
-        F.lit(" s behind the watermark "),
-        F.date_format(F.timestamp_millis(F.lit(threshold_ms)), "yyyy-MM-dd HH:mm:ss"),
-        F.lit(" (the source's watermark delay is "),
-        delay,
-        F.lit(")"),
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def sql_name(*parts: str) -> str:
+    """A column (or a struct's field: several parts) named in Spark SQL text."""
+    return ".".join("`" + part.replace("`", "``") + "`" for part in parts)
+
+
+_DELAY_SAID = sql_string(" (the source's watermark delay is ")
+
+
+def late_sql(threshold_ms: int) -> str:
+    """Whether a record (of :data:`RECORD`) is valid but at or before the threshold."""
+    event_time = sql_name(RECORD, EVENT_TIME)
+    return (
+        f"({sql_name(RECORD, REASON)} = '' AND {event_time} IS NOT NULL "
+        f"AND unix_millis({event_time}) <= {batch_value_sql(threshold_ms)})"
     )
+
+
+def late_reason_sql(
+    threshold_ms: int, watermarks: dict[str, str], record: str | None = None
+) -> str:
+    """A late record's reason, as Spark SQL text over the record's fields (those of the struct
+    ``record``, or columns of their own)."""
+    field = (record,) if record else ()
+    event_time, threshold = sql_name(*field, EVENT_TIME), batch_value_sql(threshold_ms)
+    delay = "CASE " + " ".join(
+        f"WHEN {sql_name(*field, 'source')} = {sql_string(source)} THEN {sql_string(watermark)}"
+        for source, watermark in watermarks.items()
+    )
+    delay = f"{delay} ELSE '' END" if watermarks else "''"
+    when = "'yyyy-MM-dd HH:mm:ss'"
+    return (
+        "concat('late: event time ', "
+        f"date_format({event_time}, {when}), ' is ', "
+        # 1000.0D: a double, as the seconds were before (1000.0 is a decimal in SQL, and
+        # format_number rounds a decimal's halves otherwise)
+        f"format_number(({threshold} - unix_millis({event_time})) / 1000.0D, 1), "
+        "' s behind the watermark ', "
+        f"date_format(timestamp_millis({threshold}), {when}), "
+        f"{_DELAY_SAID}, {delay}, ')')"
+    )
+
+
+def late_reason(threshold_ms: int, watermarks: dict[str, str]) -> Column:
+    """A late record's reason, over its fields as columns of their own."""
+    return F.expr(late_reason_sql(threshold_ms, watermarks))
 
 
 class StreamWriter:

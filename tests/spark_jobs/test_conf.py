@@ -7,6 +7,7 @@ import pytest
 
 from flow.config import StackConfig
 from spark_jobs.conf import (
+    CODEGEN_CACHE,
     ICEBERG_EXTENSIONS,
     LAUNCH_KEYS,
     REQUIRED_CLASSES,
@@ -90,6 +91,12 @@ def test_every_master_gets_the_jit_sized_codegen_limit(tmp_path: Path) -> None:
     stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
     for local in (True, False):  # HotSpot's limit is the same on a cluster's executors
         assert session_conf(stack, local=local)["spark.sql.codegen.hugeMethodLimit"] == "8000"
+
+
+def test_every_master_keeps_more_generated_classes_than_a_live_batch_runs(tmp_path: Path) -> None:
+    stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
+    for local in (True, False):  # each executor's JVM has a cache of its own
+        assert int(session_conf(stack, local=local)[CODEGEN_CACHE]) >= 500
 
 
 def test_a_session_without_delta_asks_for_neither_its_extension_nor_its_classes(

@@ -207,7 +207,10 @@ def test_a_world_without_interactions_is_the_world_as_it_was() -> None:
         0.0008983537405923292,
     ]
     p = _small_events(w).impressions.column("p_click").to_numpy()
-    np.testing.assert_allclose(p, recorded, rtol=1e-12)
+    # Not bit for bit across machines: numpy picks its exp and log kernels by the CPU's vector
+    # instructions, and they differ in the last bits (2e-11 relative on a CPU without AVX-512
+    # against the one these were recorded on). A changed world differs in the leading digits.
+    np.testing.assert_allclose(p, recorded, rtol=1e-9)
     # The option draws from a random stream of its own: the rest of the world is unchanged.
     with_them = replace(w, interactions=1.0)
     assert with_them.users_table() == w.users_table()
