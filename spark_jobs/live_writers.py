@@ -40,7 +40,7 @@ from flow.pipeline.model import LiveStage
 from flow.pipeline.sources import KafkaSource
 from flow.storage import Location
 from spark_jobs.batch_facts import dropped_rows, late_threshold_ms
-from spark_jobs.constants import batch_value, batch_value_sql
+from spark_jobs.constants import batch_value_sql
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
 from spark_jobs.job_watch import JobWatch, cache_loaded, wait_until
@@ -263,12 +263,7 @@ class StreamWriter:
 
     def _late(self, threshold_ms: int) -> Column:
         """Whether a record (of :data:`RECORD`) is valid but at or before the threshold."""
-        record = F.col(RECORD)
-        return (
-            (record[REASON] == "")
-            & record[EVENT_TIME].isNotNull()
-            & (F.unix_millis(record[EVENT_TIME]) <= batch_value(threshold_ms))
-        )
+        return F.expr(late_sql(threshold_ms))
 
     def _accounted(self, batch: DataFrame, threshold_ms: int) -> DataFrame:
         """``batch`` with each record's source and whether it is invalid or late as columns of
