@@ -20,8 +20,10 @@ rows, and every count reconciles across restarts.
   checkpointed watermark until every input has had data again (for CTR, the first click).
 * **Supervision.** A query that fails is started again from its checkpoint, with backoff, up to
   ``RunOptions.max_restarts`` times (a broker outage of minutes, a topic not created yet, a task
-  failure); each restart is one line and an MLflow metric. Errors of the pipeline itself
-  (FlowError) are not retried.
+  failure); each restart is one line and an MLflow metric, naming the root cause's class and
+  message (spark_jobs.failures). Causes no restart mends are not retried: errors of the
+  pipeline itself (FlowError), a full disk, a write refused. ``--duration`` counts from the
+  first start, restarts included.
 
 Every commit carries its writer and batch id, so a replayed batch writes nothing twice.
 
@@ -56,6 +58,7 @@ from flow.pipeline.state import FeatureState
 from flow.storage import Location, namespace_locations
 from spark_jobs.batch_facts import events_in_join
 from spark_jobs.dimensions import Dimensions
+from spark_jobs.failures import root_cause
 from spark_jobs.features import Featurizer
 from spark_jobs.joins import (
     deduplicated,
@@ -75,8 +78,6 @@ from spark_jobs.validate import REASON, barrier, parse_kafka, with_time_checks
 __all__ = ["StreamFailedError", "run_live", "use_state_store"]
 
 OnBatch = Callable[[dict[str, float], int], None]
-_OURS = ("ConfigError", "SchemaMismatchError", "HandoffError", "ShardCorruptError")
-"""FlowError kinds that name a mistake in the pipeline or its data layout: never retried."""
 
 
 TRACK_STATE_ROWS = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
@@ -119,27 +120,38 @@ def _spark_counts_state(state_store: str) -> bool:
 class StreamFailedError(FlowError):
     """A streaming query of a live stage stopped with an error."""
 
-    def __init__(self, message: str, *, cause: str = "", transient: bool = True) -> None:
+    def __init__(
+        self, message: str, *, cause: str = "", transient: bool = True, remedy: str = ""
+    ) -> None:
         super().__init__(message)
         self.cause = cause or message
-        """The error in one line."""
+        """The root cause in one line: its class and message."""
         self.transient = transient
-        """Worth a restart: not an error of the pipeline itself (a FlowError raised in it)."""
+        """Worth a restart: not a cause that any restart meets again (a full disk, a refused
+        write, an error of the pipeline itself)."""
+        self.remedy = remedy
+        """What to change, for a cause that is not transient."""
         self.refresh = False
         """Not a failure: the query stopped to start again with changed dimension tables
         (spark_jobs.live_inplan)."""
 
     @classmethod
-    def of(cls, query: str, error: str) -> StreamFailedError:
-        """From a query's exception text: its first line after Spark's own preamble."""
-        text = error.split("terminated with exception:", 1)[-1].strip()
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        cause = (lines[0] if lines else text)[:400]
-        # A FlowError raised in the pipeline's own code (a foreachBatch writer) is a mistake a
-        # restart repeats; its Python traceback names the class.
-        ours = any(f"flow.errors.{name}" in error or f"{name}:" in error for name in _OURS)
-        failed = cls(f"the {query} query failed: {cause}", cause=cause, transient=not ours)
-        failed.refresh = DimensionsChangedError.__name__ in error
+    def of(cls, query: str, error: str, recorded: BaseException | None = None) -> StreamFailedError:
+        """From a query's exception text and, where the batch function raised it on the
+        driver, the exception itself (``recorded``): the root cause, by its class."""
+        root = root_cause(recorded, error)
+        if root is not None:
+            cause, transient, remedy = str(root), root.transient, root.remedy
+        else:  # no exception class in it: Spark's first line after its preamble
+            text = error.split("terminated with exception:", 1)[-1].strip()
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            cause, transient, remedy = (lines[0] if lines else text)[:400], True, ""
+        failed = cls(
+            f"the {query} query failed: {cause}", cause=cause, transient=transient, remedy=remedy
+        )
+        failed.refresh = isinstance(recorded, DimensionsChangedError) or (
+            DimensionsChangedError.__name__ in error
+        )
         return failed
 
 
@@ -205,6 +217,9 @@ class _Watch:
     batches: int = 0
     restarts: int = 0
     last_batch: int = 0
+    batch_error: BaseException | None = None
+    """What the batch function raised last, as the driver caught it: the exception itself,
+    whose class Spark's text of it (a traceback) only names."""
 
 
 _LAG_METRICS = {
@@ -259,9 +274,11 @@ def _poll(query: StreamingQuery, watch: _Watch, on_batch: OnBatch) -> None:
         )
 
 
-def _failure(query: StreamingQuery) -> StreamFailedError | None:
+def _failure(query: StreamingQuery, watch: _Watch) -> StreamFailedError | None:
     error = query.exception()
-    return None if error is None else StreamFailedError.of(query.name or "stream", str(error))
+    if error is None:
+        return None
+    return StreamFailedError.of(query.name or "stream", str(error), watch.batch_error)
 
 
 def _await(
@@ -271,11 +288,15 @@ def _await(
     on_batch: OnBatch,
     progress: Progress,
     stop: Callable[[], bool],
+    deadline: float | None = None,
 ) -> None:
-    deadline = time.monotonic() + options.duration_s if options.duration_s is not None else None
+    """Wait on ``query`` until it ends, fails, ``stop()`` or ``deadline`` (monotonic; from
+    ``options.duration_s`` from now if not given)."""
+    if deadline is None and options.duration_s is not None:
+        deadline = time.monotonic() + options.duration_s
     try:
         while query.isActive:
-            failed = _failure(query)
+            failed = _failure(query, watch)
             if failed is not None:
                 _poll(query, watch, on_batch)  # the batches it finished before failing
                 raise failed
@@ -283,7 +304,9 @@ def _await(
                 query.awaitTermination(2)
             except StreamingQueryException as error:  # it failed while we waited
                 _poll(query, watch, on_batch)
-                raise StreamFailedError.of(query.name or "stream", str(error)) from None
+                raise StreamFailedError.of(
+                    query.name or "stream", str(error), watch.batch_error
+                ) from None
             _poll(query, watch, on_batch)
             if deadline is not None and time.monotonic() > deadline:
                 progress(f"duration of {options.duration_s:.0f}s reached; stopping the query")
@@ -297,9 +320,25 @@ def _await(
         if query.isActive:
             query.stop()
     _poll(query, watch, on_batch)
-    failed = _failure(query)
+    failed = _failure(query, watch)
     if failed is not None:
         raise failed
+
+
+def _recording(
+    writer: Callable[[DataFrame, int], None], watch: _Watch
+) -> Callable[[DataFrame, int], None]:
+    """``writer`` as the query's batch function, keeping what it raises in ``watch``: Spark
+    passes on only its text, the class that classifies it (spark_jobs.failures) stays here."""
+
+    def batch(frame: DataFrame, batch_id: int) -> None:
+        try:
+            writer(frame, batch_id)
+        except BaseException as exc:
+            watch.batch_error = exc
+            raise
+
+    return batch
 
 
 def _stop_between_batches(query: StreamingQuery, patience_s: float = 60.0) -> None:
@@ -505,7 +544,9 @@ class LiveRun(StageRun[LiveStage]):
             event_key=key,
         )
 
-    def start(self, checkpoint: Location, writer: StreamWriter | InPlanWriter) -> StreamingQuery:
+    def start(
+        self, checkpoint: Location, writer: StreamWriter | InPlanWriter, watch: _Watch
+    ) -> StreamingQuery:
         # The smallest input watermark wins (see the module docstring), whatever the session
         # says; recorded in a new checkpoint (one made before keeps the policy it was made with).
         self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "min")
@@ -516,7 +557,7 @@ class LiveRun(StageRun[LiveStage]):
         stream = (
             self.stream_frame(writer)
             .writeStream.queryName(self.query_name)
-            .foreachBatch(writer)
+            .foreachBatch(_recording(writer, watch))
             .option("checkpointLocation", checkpoint.hadoop_uri)
         )
         if self.options.mode == "continuous":
@@ -542,32 +583,54 @@ class LiveRun(StageRun[LiveStage]):
     ) -> None:
         """Run the query; when it fails, start it again from its checkpoint after a pause, up
         to ``max_restarts`` times. An error of the pipeline itself is raised at once."""
-        limit = self.options.max_restarts
+        limit, name = self.options.max_restarts, self.stage.name
+        duration = self.options.duration_s
+        # From the first start: restarts spend the duration, they do not renew it.
+        deadline = None if duration is None else time.monotonic() + duration
         while True:
-            query = self.start(checkpoint, writer)
+            watch.batch_error = None
+            query = self.start(checkpoint, writer, watch)
             try:
-                _await(query, self.options, watch, self.on_batch, self.progress, self.stop)
+                _await(
+                    query, self.options, watch, self.on_batch, self.progress, self.stop, deadline
+                )
                 return
             except StreamFailedError as failure:
                 if failure.refresh:
                     self.progress(
-                        f"{self.stage.name}: a dimension table changed; the query starts again "
+                        f"{name}: a dimension table changed; the query starts again "
                         "from its checkpoint to read it"
                     )
                     continue
                 if not failure.transient:
-                    raise
+                    why = f" ({failure.remedy})" if failure.remedy else ""
+                    raise StreamFailedError(
+                        f"live stage {name!r} stopped, not restarted: {failure.cause}{why}",
+                        cause=failure.cause,
+                        transient=False,
+                        remedy=failure.remedy,
+                    ) from failure
                 if watch.restarts >= limit:
                     raise StreamFailedError(
-                        f"live stage {self.stage.name!r} gave up after {watch.restarts} "
+                        f"live stage {name!r} gave up after {watch.restarts} "
                         f"restart(s) (--max-restarts {limit}): {failure.cause}",
+                        cause=failure.cause,
+                        transient=False,
+                    ) from failure
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise StreamFailedError(
+                        f"live stage {name!r} failed as its --duration of {duration:.0f}s "
+                        f"ran out, after {watch.restarts} restart(s): {failure.cause}",
                         cause=failure.cause,
                         transient=False,
                     ) from failure
                 watch.restarts += 1
                 pause = backoff_s(watch.restarts)
+                if left is not None:
+                    pause = min(pause, left)
                 self.progress(
-                    f"{self.stage.name}: the query failed ({failure.cause}); restart "
+                    f"{name}: the query failed ({failure.cause}); restart "
                     f"{watch.restarts}/{limit} from its checkpoint in {pause:.0f}s"
                 )
                 self.on_batch({"restarts": float(watch.restarts)}, watch.last_batch)

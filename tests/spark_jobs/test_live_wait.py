@@ -168,7 +168,7 @@ class Supervised(LiveRun):
         self.stop = lambda: False
         self.on_batch = lambda metrics, step: self.logged.append((metrics, step))
 
-    def start(self, checkpoint: Any, writer: Any) -> StreamingQuery:
+    def start(self, checkpoint: Any, writer: Any, watch: Any) -> StreamingQuery:
         return cast(StreamingQuery, self.queries.pop(0))
 
 
@@ -213,3 +213,45 @@ def test_the_supervisor_does_not_retry_an_error_of_the_pipeline() -> None:
 
 def test_backoff_doubles_to_a_minute() -> None:
     assert [backoff_s(n) for n in (1, 2, 3, 5, 6, 10)] == [2.0, 4.0, 8.0, 32.0, 60.0, 60.0]
+
+
+VAGUE = (
+    "[STREAM_FAILED] Query terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] An "
+    "error occurred in the user provided function in foreach batch sink. Reason: An exception "
+    "was raised by the Python Proxy. Return Message: Traceback (most recent call last):"
+)
+
+
+def test_a_full_disk_stops_the_stage_at_once_naming_the_cause_and_what_to_change() -> None:
+    full = VAGUE + "\n  File 'x.py', line 1\nOSError: [Errno 28] No space left on device\n"
+    run = Supervised([StandIn([], error=full)], max_restarts=5)
+    with pytest.raises(StreamFailedError) as failed:
+        run.supervise(cast(Any, None), cast(Any, None), _Watch())
+    message = str(failed.value)
+    assert message.startswith("live stage 'live' stopped, not restarted: OSError: [Errno 28] No")
+    assert "free space where the stage writes" in message
+    assert "\n" not in message
+    assert run.slept == []
+
+
+def test_the_batch_functions_own_exception_names_the_cause_spark_hides() -> None:
+    class Refusing(Supervised):
+        def start(self, checkpoint: Any, writer: Any, watch: Any) -> StreamingQuery:
+            query = super().start(checkpoint, writer, watch)
+            # As _recording does when the batch function raises on the driver.
+            watch.batch_error = PermissionError(13, "Permission denied", "/h/live/commits/7")
+            return query
+
+    run = Refusing([StandIn([], error=VAGUE)], max_restarts=5)
+    with pytest.raises(StreamFailedError, match=r"PermissionError: \[Errno 13\] Permission"):
+        run.supervise(cast(Any, None), cast(Any, None), _Watch())
+    assert run.slept == []
+
+
+def test_the_duration_counts_from_the_first_start_not_from_each_restart() -> None:
+    run = Supervised([StandIn([], error=TIMEOUT) for _ in range(3)], max_restarts=5)
+    run.options = RunOptions(mode="continuous", max_restarts=5, duration_s=1e-9)
+    with pytest.raises(StreamFailedError, match=r"--duration of 0s ran out, after 0 restart"):
+        run.supervise(cast(Any, None), cast(Any, None), _Watch())
+    assert run.slept == []
+    assert len(run.queries) == 2, "not started again once the duration was spent"
