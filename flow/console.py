@@ -11,7 +11,9 @@ traceback. Any other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -24,11 +26,13 @@ from flow.errors import FlowError
 __all__ = [
     "DEBUG_ENV",
     "DEBUG_FLAG",
+    "Terminated",
     "console",
     "debug_requested",
     "install_excepthook",
     "report_error",
     "reporting_errors",
+    "terminating_as_interrupt",
 ]
 
 DEBUG_ENV = "FLOW_DEBUG"
@@ -56,12 +60,42 @@ def report_error(error: FlowError, *, debug: bool = False) -> None:
 
 @contextmanager
 def reporting_errors(argv: Sequence[str] | None = None) -> Iterator[None]:
-    """A FlowError inside becomes its one line and exit code 1 (see :func:`report_error`)."""
+    """A FlowError inside becomes its one line and exit code 1 (see :func:`report_error`); a
+    stop (Ctrl-C, or SIGTERM under :func:`terminating_as_interrupt`) one line and 130 / 143."""
     try:
         yield
     except FlowError as exc:
         report_error(exc, debug=debug_requested(argv))
         raise SystemExit(1) from None
+    except KeyboardInterrupt as exc:
+        if debug_requested(argv):
+            traceback.print_exception(exc)
+        terminated = isinstance(exc, Terminated)
+        print(f"stopped: {exc if terminated else 'interrupted (Ctrl-C)'}", file=sys.stderr)
+        raise SystemExit(128 + (signal.SIGTERM if terminated else signal.SIGINT)) from None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, as Ctrl-C raises KeyboardInterrupt."""
+
+
+@contextmanager
+def terminating_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the main thread while inside: ``with`` and
+    ``finally`` blocks run (streaming queries stop, MLflow runs end as KILLED) where Python's
+    default would end the process at once. Elsewhere than the main thread: nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, _frame: object) -> None:
+        raise Terminated(f"{signal.Signals(signum).name} received")
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def install_excepthook() -> None:

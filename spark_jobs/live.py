@@ -713,8 +713,10 @@ class LiveRun(StageRun[LiveStage]):
             if immediate
             else f"{report.pending:,} pending in the label window"
         )
+        # Every dead letter, the labels' too: the figure the stage table's column shows.
+        dead = report.events_dead + report.labels_dead
         return self.finish(
-            f"{stage.name}: {report.training_rows:,} training rows, {report.events_dead:,} dead "
+            f"{stage.name}: {report.training_rows:,} training rows, {dead:,} dead "
             f"letters ({late:,} late), {report.duplicates:,} duplicates, {waiting} (since the "
             f"checkpoint began){report.said_missing()}"
         )

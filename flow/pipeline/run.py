@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flow.config import StackConfig
-from flow.console import DEBUG_FLAG, reporting_errors
+from flow.console import DEBUG_FLAG, reporting_errors, terminating_as_interrupt
 from flow.engine import RunOptions, load_engine
 from flow.pipeline.model import Pipeline
 from flow.pipeline.schema import did_you_mean
@@ -89,7 +89,9 @@ def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None
     with its message on one line (``--debug``: and its traceback).
     """
     args = sys.argv[1:] if argv is None else argv
-    with reporting_errors(args):
+    # SIGTERM (a scheduler, `flow run` stopping its job) unwinds like Ctrl-C: the stage's
+    # query stops and its MLflow runs end as KILLED, not RUNNING forever.
+    with reporting_errors(args), terminating_as_interrupt():
         options = RunOptions()
         if isinstance(spec, Pipeline):
             options = parse_run_args(args, [s.name for s in spec.stages])

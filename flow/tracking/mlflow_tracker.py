@@ -98,6 +98,9 @@ class MlflowTracker:
         handle = _MlflowRun(self.client, run.info.run_id, self.tracking_uri)
         try:
             yield handle
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (flow.console.terminating_as_interrupt)
+            self.client.set_terminated(handle.run_id, status="KILLED")
+            raise
         except BaseException:
             self.client.set_terminated(handle.run_id, status="FAILED")
             raise

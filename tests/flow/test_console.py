@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 
 import pytest
 
-from flow.console import debug_requested, install_excepthook, reporting_errors
+from flow.console import (
+    debug_requested,
+    install_excepthook,
+    reporting_errors,
+    terminating_as_interrupt,
+)
 from flow.errors import ConfigError
 
 
@@ -56,3 +64,33 @@ def test_the_hook_reports_flow_errors_and_hands_on_the_rest(
     monkeypatch.setattr(sys, "argv", ["pipeline.py", "--debug"])
     sys.excepthook(ConfigError, error, None)
     assert seen == [bug, error]
+
+
+def test_sigterm_unwinds_like_ctrl_c_and_ends_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FLOW_DEBUG", raising=False)
+    before = signal.getsignal(signal.SIGTERM)
+    unwound: list[str] = []
+
+    def job() -> None:
+        with reporting_errors([]), terminating_as_interrupt():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises here, in the main thread
+            finally:
+                unwound.append("finally ran")
+
+    with pytest.raises(SystemExit) as exited:
+        job()
+    assert exited.value.code == 143
+    assert unwound == ["finally ran"]
+    assert capsys.readouterr().err == "stopped: SIGTERM received\n"
+    assert signal.getsignal(signal.SIGTERM) is before, "the handler is put back"
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited, reporting_errors([]):
+        raise KeyboardInterrupt
+    assert exited.value.code == 130
+    assert capsys.readouterr().err == "stopped: interrupted (Ctrl-C)\n"

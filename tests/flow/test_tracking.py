@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from flow import stack as services
 from flow.config import StackConfig
+from flow.console import Terminated
 from flow.tracking import (
     CLIENT_LIMITS,
     MetricPoint,
@@ -381,3 +382,16 @@ def test_with_the_bounds_a_call_to_a_dead_server_fails_in_seconds(
     with pytest.raises(MlflowException, match=r"Connection refused|Max retries"):
         client.log_batch("0" * 32, metrics=[Metric("a", 1.0, 0, 0)])
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.integration
+def test_a_stopped_stage_ends_killed_and_a_failed_one_failed(running_stack: StackConfig) -> None:
+    experiment = f"test-stopped-{uuid.uuid4().hex[:8]}"
+    tracker = MlflowTracker(running_stack.mlflow.tracking_uri, experiment)
+    with pytest.raises(Terminated), tracker.pipeline_run("pipeline"), tracker.stage("live"):
+        raise Terminated("SIGTERM received")  # as flow.console.terminating_as_interrupt does
+    store = MlflowClient(tracking_uri=f"sqlite:///{running_stack.mlflow.backend_store}")
+    exp = store.get_experiment_by_name(experiment)
+    assert exp is not None
+    runs = {r.info.run_name: r.info.status for r in store.search_runs([exp.experiment_id])}
+    assert runs == {"pipeline": "KILLED", "live": "KILLED"}
