@@ -1,7 +1,7 @@
 """The live stage the fault suite runs: impressions labelled by clicks, nothing to fit and no
 dimension tables, so it runs on Kafka alone, without a backfill first.
 
-    flow run tests/faults/live_pipeline.py --namespace NS --continuous
+    flow run tests/faults/live_pipeline.py --namespace NS --continuous [--strategy immediate]
 
 Small micro-batches (``--per-batch``) so that a run is many commits, and a kill can land
 anywhere among them.
@@ -10,6 +10,7 @@ anywhere among them.
 from __future__ import annotations
 
 import argparse
+from typing import Literal
 
 from flow.pipeline import (
     FeatureSpec,
@@ -34,7 +35,12 @@ WATERMARK = "1 minute"
 WINDOW = "10 minutes"
 
 
-def faults_pipeline(namespace: str, per_batch: int = 50, trigger: str = "2 seconds") -> Pipeline:
+def faults_pipeline(
+    namespace: str,
+    per_batch: int = 50,
+    trigger: str = "2 seconds",
+    strategy: Literal["window", "immediate"] = "window",
+) -> Pipeline:
     sources = {
         "impressions": KafkaSource(
             f"{namespace}.impressions",
@@ -54,7 +60,7 @@ def faults_pipeline(namespace: str, per_batch: int = 50, trigger: str = "2 secon
     stage = LiveStage(
         "live",
         events="impressions",
-        label=LabelJoin("clicks", key="id", window=WINDOW),
+        label=LabelJoin("clicks", key="id", window=WINDOW, strategy=strategy),
         features=features,
         channel="live",
         trigger=trigger,
@@ -66,5 +72,6 @@ if __name__ == "__main__":
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--namespace", required=True)
     own.add_argument("--per-batch", type=int, default=50)
+    own.add_argument("--strategy", choices=("window", "immediate"), default="window")
     args, rest = own.parse_known_args()
-    run_main(faults_pipeline(args.namespace, args.per_batch), argv=rest)
+    run_main(faults_pipeline(args.namespace, args.per_batch, strategy=args.strategy), argv=rest)

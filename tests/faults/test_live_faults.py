@@ -1,7 +1,9 @@
 """Faults on a running live stage, on the real services: the driver killed (-9) at random moments,
 the broker gone for over a minute. Every produced record is accounted for afterwards: a training
 row (with the right label) or a dead letter (with the right reason) or a counted duplicate, none
-lost, none twice.
+lost, none twice. Both label strategies: ``window`` (one row per impression, labelled once its
+window closes) and ``immediate`` (the demo's: every impression at once as its first row, a
+negative, and a second row, its positive, when a click comes within the window).
 
     pytest -m faults    # this folder, and the trainer-kill and tracking-outage tests
 
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -43,15 +45,25 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 PIPELINE = str(REPO / "tests" / "faults" / "live_pipeline.py")
 
 
+Strategy = Literal["window", "immediate"]
+STRATEGIES: tuple[Strategy, ...] = ("immediate", "window")
+
+
 class Stage:
     """``flow run`` of the suite's live stage, as a user starts it: killable as a whole."""
 
-    def __init__(self, env: dict[str, str], namespace: str, log: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], namespace: str, log: Path, strategy: Strategy = "window"
+    ) -> None:
         self.env, self.namespace, self.log = env, namespace, log
+        self.strategy = strategy
         self.process: subprocess.Popen[bytes] | None = None
 
     def argv(self, *more: str) -> list[str]:
-        return [FLOW_BIN, "run", PIPELINE, "--namespace", self.namespace, *more]
+        return [
+            FLOW_BIN, "run", PIPELINE, "--namespace", self.namespace,
+            "--strategy", self.strategy, *more,
+        ]  # fmt: skip
 
     def start(self, *more: str) -> None:
         with self.log.open("ab") as out:
@@ -85,6 +97,15 @@ def rows(stack: StackConfig, namespace: str) -> list[dict[str, Any]]:
     return list(handoff_rows(where, "live").select(["id", "label"]).to_pylist())
 
 
+def labels_of(stack: StackConfig, namespace: str) -> dict[str, set[float]]:
+    """The labels of each id's training rows: one with ``window``; with ``immediate``, 0.0 (its
+    first row) and 1.0 too once it was clicked."""
+    found: dict[str, set[float]] = {}
+    for row in rows(stack, namespace):
+        found.setdefault(row["id"], set()).add(row["label"])
+    return found
+
+
 def wait_for(check: Callable[[], bool], what: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -110,25 +131,57 @@ def dead_letters(stack: StackConfig, namespace: str) -> list[dict[str, Any]]:
     return list(table.scan(selected_fields=("raw", "key", "reason")).to_arrow().to_pylist())
 
 
-def account(stack: StackConfig, namespace: str, expected: Expected) -> dict[str, Any]:
+def _trained(
+    trained: list[dict[str, Any]], expected: Expected, strategy: Strategy
+) -> dict[str, Any]:
+    """Lost, duplicated and wrongly labelled ids among the training rows.
+
+    ``window``: one row per impression, with its label. ``immediate``: every impression once as
+    a first row (label 0) and every click within its window once as a second row (label 1);
+    nothing waits for a window, so nothing is pending."""
+    if strategy == "window":
+        ids = Counter(r["id"] for r in trained)
+        labels = {r["id"]: r["label"] for r in trained}
+        return {
+            "first_rows": len(ids),
+            "lost": sorted(set(expected.labels) - set(ids) - expected.pending),
+            "duplicated": sorted(i for i, n in ids.items() if n > 1),
+            "wrong_labels": sorted(
+                i for i in labels if labels[i] != expected.labels.get(i, labels[i])
+            ),
+        }
+    first = Counter(r["id"] for r in trained if r["label"] == 0.0)
+    positive = Counter(r["id"] for r in trained if r["label"] == 1.0)
+    clicked = {i for i, label in expected.labels.items() if label == 1.0}
+    return {
+        "first_rows": len(first),
+        "positives": sum(positive.values()),
+        "lost": sorted(set(expected.labels) - set(first)),
+        "duplicated": sorted(
+            {i for i, n in first.items() if n > 1} | {i for i, n in positive.items() if n > 1}
+        ),
+        # A positive for an impression not clicked within its window, or none for one that was.
+        "wrong_labels": sorted(set(positive) ^ clicked),
+    }
+
+
+def account(
+    stack: StackConfig, namespace: str, expected: Expected, strategy: Strategy = "window"
+) -> dict[str, Any]:
     """Everything produced, matched to what came out; the figures of docs/reliability.md."""
     trained = rows(stack, namespace)
-    ids = Counter(r["id"] for r in trained)
-    labels = {r["id"]: r["label"] for r in trained}
     letters = dead_letters(stack, namespace)
     by_marker: dict[str, list[str]] = {}
     for letter in letters:
         marker = marker_of(letter["raw"], letter["key"])
         by_marker.setdefault(marker or "?", []).append(letter["reason"])
     counts = ledger(stack, namespace)
-    lost = sorted(set(expected.labels) - set(ids) - expected.pending)
     return {
+        "strategy": strategy,
         "impressions_in": expected.impressions,
         "clicks_in": expected.clicks,
         "training_rows": len(trained),
-        "lost": lost,
-        "duplicated": sorted(i for i, n in ids.items() if n > 1),
-        "wrong_labels": sorted(i for i in labels if labels[i] != expected.labels.get(i, labels[i])),
+        **_trained(trained, expected, strategy),
         "dead_letters": len(letters),
         "dead_letters_by_reason": dict(Counter(_kind(r["reason"]) for r in letters)),
         "unmatched_dead_letters": by_marker.get("?", []),
@@ -144,7 +197,7 @@ def account(stack: StackConfig, namespace: str, expected: Expected) -> dict[str,
         "late": counts["flow.late.impressions"],
         "late_by_spark_operators": counts["flow.operators_late"],
         "input_counted": counts["flow.input.impressions"] + counts["flow.input.clicks"],
-        "pending": sorted(expected.pending),
+        "pending": sorted(expected.pending) if strategy == "window" else [],
     }
 
 
@@ -164,10 +217,14 @@ def check(found: dict[str, Any], expected: Expected) -> None:
     assert found["duplicates_counted"] == found["duplicates_sent"]
     assert found["late"] == found["late_by_spark_operators"]  # ours are exactly Spark's drops
     assert found["input_counted"] == expected.impressions + expected.clicks
-    # Every impression: a training row, a dead letter, a counted duplicate or still pending.
+    # Every impression: a first training row, a dead letter, a counted duplicate or still
+    # pending (window labels: the one the suite sends last).
     impression_letters = sum(1 for m in expected.reasons if m.startswith(("bad-imp", "late")))
     assert expected.impressions == (
-        found["training_rows"] + impression_letters + found["duplicates_counted"] + 1
+        found["first_rows"]
+        + impression_letters
+        + found["duplicates_counted"]
+        + len(found["pending"])
     )
 
 
@@ -194,28 +251,35 @@ class KilledRun:
     namespace: str
     expected: Expected
     found: dict[str, Any]
+    strategy: Strategy
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=STRATEGIES)
 def killed_run(
-    running_stack: StackConfig, stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    running_stack: StackConfig,
+    stack_env: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> KilledRun:
     """Three kill -9 rounds, each restarted from the checkpoint; the last one must close the
     windows the run before it left open. Then a run that drains."""
+    strategy: Strategy = request.param
     namespace = new_namespace(running_stack)
     tmp_path = tmp_path_factory.mktemp("killed")
     pick = random.Random(7)
     stack = running_stack
     now = datetime.now(UTC)
     events = Producer(stack.kafka, namespace, base=now - timedelta(minutes=100))
-    stage = Stage(stack_env, namespace, tmp_path / "stage.log")
+    stage = Stage(stack_env, namespace, tmp_path / "stage.log", strategy)
     kills = 0
 
     def labelled(expect: Callable[[str, float], bool]) -> Callable[[], bool]:
+        """Every id ``expect`` picks has a training row with its expected label."""
+
         def check() -> bool:
-            found = {r["id"]: r["label"] for r in rows(stack, namespace)}
-            wanted = [i for i, label in events.expected.labels.items() if expect(i, label)]
-            return all(i in found for i in wanted)
+            found = labels_of(stack, namespace)
+            wanted = [(i, lab) for i, lab in events.expected.labels.items() if expect(i, lab)]
+            return all(label in found.get(i, ()) for i, label in wanted)
 
         return check
 
@@ -259,9 +323,9 @@ def killed_run(
     finally:
         if stage.process is not None and stage.process.poll() is None:
             stage.kill()
-    found = account(stack, namespace, events.expected) | {"driver_kills": kills}
-    report(stack, "driver-kills", found)
-    return KilledRun(namespace, events.expected, found)
+    found = account(stack, namespace, events.expected, strategy) | {"driver_kills": kills}
+    report(stack, f"driver-kills-{strategy}", found)
+    return KilledRun(namespace, events.expected, found, strategy)
 
 
 def test_the_driver_killed_at_random_moments_loses_and_repeats_nothing(
