@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=2000.0, help="impressions per second")
     # 900 s: a continuous trainer's first minute, while no click of the live impressions has
-    # come yet, is most of a 3-minute run's live rows (docs/benchmarks.md, freshness).
+    # come yet, is most of a 3-minute run's live rows
+    # (docs/experiments/2026-11-23-freshness-and-demo.md).
     parser.add_argument("--seconds", type=float, default=900.0, help="seconds of impressions")
     parser.add_argument(
         "--drain", type=float, default=120.0, help="seconds more for the clicks still to come"

@@ -5,7 +5,7 @@ Iceberg, Delta, Kafka: some 20,000). A dynamic class-data-sharing archive (JDK 1
 ready to map: the first job started by ``flow submit``/``flow run`` writes it when its JVM exits
 (``-XX:ArchiveClassesAtExit``), every later job with the same jars and Java maps it
 (``-XX:SharedArchiveFile``). Measured on 2 cores: a driver's start to its first Iceberg read
-went from 24.1 s to 16.4 s (docs/benchmarks.md, short jobs).
+went from 24.1 s to 16.4 s (docs/experiments/2026-11-23-startup.md).
 
 The archive is named by what it depends on (the Java runtime, pyspark's version, the job's
 jars), made under a temporary name and moved into place when its job ends, so two first jobs at

@@ -198,8 +198,9 @@ def session_conf(
                 # On one machine shuffle blocks never cross a network, and CPU is what runs
                 # out: LZ4 on them was 30-45 % of the handoff export's JVM task time
                 # (async-profiler), and the export ran 8-13 % faster without it (Spark-write
-                # runs in docs/benchmarks.md). Spills stay compressed. Set it back with
-                # --conf spark.shuffle.compress=true where local disk is the tighter limit.
+                # runs in docs/experiments/2026-11-22-handoff.md). Spills stay compressed.
+                # Set it back with --conf spark.shuffle.compress=true where local disk is the
+                # tighter limit.
                 "spark.shuffle.compress": "false",
                 # Below 200 reducers and without map-side aggregation Spark writes a file per
                 # reducer and then copies them all into one; with 0 it sorts serialized rows in

@@ -6,7 +6,8 @@ that changes every micro-batch (the batch's processing time in the Kafka parse, 
 threshold, the export's seed, a dead letter's ``recorded_at``) made a new source, hence new
 classes, every batch: Janino compiled them and HotSpot compiled their hot methods again. On the
 2-core machine the JIT compiler threads alone took 5-9 s of CPU per 50,000-impression batch of
-the live stage, against 2-2.5 s for the hand-written query (per-thread CPU, docs/benchmarks.md).
+the live stage, against 2-2.5 s for the hand-written query (per-thread CPU,
+docs/experiments/2026-11-24-live-stage-rate.md).
 
 An array literal is not written into the source: the generated code reads it from the plan's
 references. :func:`held` puts a value into a one-element array literal and takes it out per row,

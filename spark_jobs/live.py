@@ -173,8 +173,8 @@ def _read_once(parsed: DataFrame) -> DataFrame:
     valid records' filter above it is not deterministic (``_valid``), so it is not pushed
     below it either. The records are shuffled once more than before; that costs less than the
     second read and parse it saves (~0.6 s of a 7-8 s batch of 50,000 impressions on 2 cores,
-    docs/benchmarks.md). Which partition a record lands in matters to nobody: the
-    deduplication and the join shuffle by key again.
+    docs/experiments/2026-11-24-live-stage-rate.md). Which partition a record lands in
+    matters to nobody: the deduplication and the join shuffle by key again.
     """
     # Spark hashes no map: a map-typed field (none of the declared types is one today) would
     # only cost the reuse (its branch's exchange pruned apart), not the query.

@@ -196,7 +196,7 @@ def barrier(column: Column) -> Column:
     it is an optimizer barrier. Without it Spark pushes a filter on the reason (valid records
     only) down through the parse and inlines the parse into every check that reads it, so
     ``from_json`` and each cast run once per check, not once per record: 200,000 records took
-    15.1 s, 1.9 s for the parse alone (benchmarks in docs/benchmarks.md)."""
+    15.1 s, 1.9 s for the parse alone (docs/experiments/2026-11-23-live-stage-rate.md)."""
     return F.when(F.spark_partition_id() >= 0, column)
 
 

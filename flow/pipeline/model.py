@@ -211,8 +211,8 @@ class LiveStage(Definition):
     of millions of pending impressions does not fill the JVM heap; ``memory`` (Spark's
     default, HDFS-backed): on the JVM heap, which a long window at a high rate exhausts (at
     2,000 impressions/s and a 30-minute window a 2 GB local driver failed after 7 minutes,
-    docs/benchmarks.md). Like ``partitions``, a checkpoint keeps the provider it was made
-    with."""
+    docs/experiments/2026-11-23-freshness-and-demo.md). Like ``partitions``, a checkpoint
+    keeps the provider it was made with."""
 
     streaming = True
 

@@ -52,7 +52,8 @@ class DemoSize:
     live_s: float = 240.0
     """Seconds of new impressions in the real-time stream. The first minute's impressions are
     scored while none of their clicks has come yet (mean delay 45 s): a shorter or slower
-    stream is mostly that minute, and its live AUC says little (docs/benchmarks.md)."""
+    stream is mostly that minute, and its live AUC says little
+    (docs/experiments/2026-11-23-freshness-and-demo.md)."""
     drain_s: float = 90.0
     """Seconds the stream goes on sending the clicks that come due, without new impressions,
     and the live stage with it: the last impressions' labels complete (mean click delay 45 s)."""
