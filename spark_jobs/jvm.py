@@ -164,8 +164,8 @@ def set_job_group(spark: SparkSession, group: str, description: str) -> None:
     query's batches); :func:`set_local_property` with None on ``spark.jobGroup.id`` and
     ``spark.job.description`` takes them out again.
 
-    Reaches ``SparkSession.sparkContext.setJobGroup``. No public way in the SQL API
-    (``addTag`` tags jobs but sets no group).
+    Reaches ``SparkSession.sparkContext.setJobGroup``. No public way in the SQL API: its job
+    tags (``spark.addTag``) are not the group a streaming query's jobs carry.
     """
     spark.sparkContext.setJobGroup(group, description)
 
@@ -173,8 +173,8 @@ def set_job_group(spark: SparkSession, group: str, description: str) -> None:
 def cancel_all_jobs(spark: SparkSession) -> None:
     """Cancel every job the driver runs (a warm driver's job whose caller went away).
 
-    Reaches ``SparkSession.sparkContext.cancelAllJobs()``. ``spark.interruptAll()`` is the
-    Spark Connect equivalent; classic pyspark 4.1 does not implement it.
+    Reaches ``SparkSession.sparkContext.cancelAllJobs()``. ``spark.interruptAll()`` interrupts
+    the operations of one session only, and a warm driver's job runs in a session of its own.
     """
     spark.sparkContext.cancelAllJobs()
 
