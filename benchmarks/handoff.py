@@ -324,10 +324,11 @@ def bench_spark_write(
     from pyspark.sql import functions as F
 
     from spark_jobs.handoff import ExportOptions, export
+    from spark_jobs.jvm import default_parallelism
     from spark_jobs.session import get_session
 
     spark = get_session(StackConfig.from_env(), app_name="flow-bench-handoff")
-    cores = spark.sparkContext.defaultParallelism
+    cores = default_parallelism(spark)
     dense = F.array(*[F.floor(-F.log(F.rand(j)) * 20).cast("float") for j in range(DENSE)])
     sparse = F.array(
         *[F.pmod(F.xxhash64("id", F.lit(j)), F.lit(int(CARDINALITIES[j]))) for j in range(SPARSE)]

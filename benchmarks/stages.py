@@ -47,6 +47,7 @@ from pipelines.ctr_backfill import ctr_backfill
 from pipelines.ctr_streaming import ctr_streaming
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import fit_state, training_rows
+from spark_jobs.jvm import default_parallelism
 from spark_jobs.live import run_live, use_state_store
 from spark_jobs.rows import channel_for
 from spark_jobs.session import get_session
@@ -301,7 +302,7 @@ def bench_features(spark: SparkSession, rows: int, repeat: int) -> dict[str, Any
     for _ in range(repeat):  # alternate, so drift on a shared machine hits both alike
         times["compiled"].append(_noop_seconds(compiled))
         times["hand_written"].append(_noop_seconds(hand))
-    cores = spark.sparkContext.defaultParallelism
+    cores = default_parallelism(spark)
     result: dict[str, Any] = {"rows": rows, "cores": cores, "features": names, "repeat": repeat}
     for variant, seconds in times.items():
         median = statistics.median(seconds)
@@ -330,7 +331,7 @@ def bench_backfill(
     stage = pipeline.stage("backfill")
     assert isinstance(stage, BackfillStage)
     report, _ = run_backfill(spark, pipeline, stage, stack)
-    cores = spark.sparkContext.defaultParallelism
+    cores = default_parallelism(spark)
     return {
         "rows": report.events_input,
         "seconds": report.seconds,
@@ -425,7 +426,7 @@ def bench_live(
         measured = runs[variant][warmup:]
         return float(statistics.median(r["sustained_rows_per_s"] for r in measured))
 
-    cores = spark.sparkContext.defaultParallelism
+    cores = default_parallelism(spark)
     return {
         "impressions_sent": sent.impressions,
         "records_per_batch_cap": per_batch,

@@ -36,6 +36,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from flow.storage import Location
+from spark_jobs.jvm import last_execution
 
 __all__ = ["Dropped", "dropped_rows", "events_in_join", "late_threshold_ms", "observed_metrics"]
 
@@ -112,7 +113,7 @@ def _last_execution(spark: SparkSession, query_name: str) -> Any:
     query = next((q for q in spark.streams.active if q.name == query_name), None)
     if query is None:
         raise RuntimeError(f"no active streaming query is named {query_name!r}")
-    return query._jsq.streamingQuery().lastExecution()
+    return last_execution(query)
 
 
 def observed_metrics(spark: SparkSession, query_name: str) -> dict[str, dict[str, Any]]:

@@ -28,6 +28,7 @@ from flow.handoff.format import schema_fingerprint
 from flow.handoff.shards import fixed_size_lists
 from spark_jobs.arrow_batches import sized_batches
 from spark_jobs.constants import batch_value
+from spark_jobs.jvm import default_parallelism, executed_plan
 
 __all__ = [
     "BUCKET",
@@ -369,7 +370,7 @@ def prepare_export(
         if options.shuffle_key
         else F.monotonically_increasing_id()
     )
-    tasks = options.tasks or min(options.num_buckets, 2 * spark.sparkContext.defaultParallelism)
+    tasks = options.tasks or min(options.num_buckets, 2 * default_parallelism(spark))
     # The all-to-all shuffle is Spark's; grouping by bucket and permuting within a shard are
     # the task's (in Python: a Spark sort within partitions cost as much as the exchange).
     seed = batch_value(options.seed, "int")
@@ -389,7 +390,7 @@ def prepare_export(
     # runs. The Arrow batch sizes are read when planning, so inside sized_batches as well.
     # prepare() starts the plan's broadcasts (the vocabularies' tables) in the background.
     with sized_batches(spark, row_schema, sizes):
-        written._jdf.queryExecution().executedPlan().prepare()
+        executed_plan(written).prepare()
 
     def write() -> Commit | None:
         with sized_batches(spark, row_schema, sizes):

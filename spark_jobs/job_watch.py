@@ -17,8 +17,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
+
+from spark_jobs.jvm import cache_builder, local_property, status_tracker
 
 __all__ = ["JobWatch", "cache_loaded", "wait_until"]
 
@@ -41,8 +42,8 @@ class JobWatch:
     one for all of a query's jobs; the broadcasts a query's planning runs are jobs of one stage)."""
 
     def __init__(self, spark: SparkSession) -> None:
-        self._tracker = spark.sparkContext.statusTracker()
-        self._group = spark.sparkContext.getLocalProperty(_GROUP)
+        self._tracker = status_tracker(spark)
+        self._group = local_property(spark, _GROUP)
         self._before = max(self._ids(), default=-1)
 
     def _ids(self) -> list[int]:
@@ -62,8 +63,7 @@ class JobWatch:
 def cache_loaded(persisted: DataFrame) -> Callable[[], bool]:
     """Whether every partition of ``persisted`` (a persisted DataFrame) is stored in the cache,
     asked of Spark's block manager; a frame that is not cached never says so."""
-    try:
-        builder = persisted._jdf.queryExecution().withCachedData().cacheBuilder()
-    except Py4JError:  # not an InMemoryRelation: nothing to wait for but the job itself
+    builder = cache_builder(persisted)
+    if builder is None:  # not cached: nothing to wait for but the job itself
         return lambda: False
     return lambda: bool(builder.isCachedColumnBuffersLoaded())

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
-from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -66,6 +65,7 @@ from spark_jobs.joins import (
     label_stream,
     label_stream_immediate,
 )
+from spark_jobs.jvm import JavaError, default_parallelism, launch_conf
 from spark_jobs.live_inplan import DimensionsChangedError, InPlanWriter, unsupported
 from spark_jobs.live_writers import KIND, StreamWriter, record_column
 from spark_jobs.outputs import HandoffSink, TrainingSink, training_sink
@@ -574,9 +574,9 @@ class LiveRun(StageRun[LiveStage]):
         one-core worker made batches of seconds take minutes."""
         if self.stage.partitions is not None:
             return self.stage.partitions
-        if self.spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        if launch_conf(self.spark).contains("spark.sql.shuffle.partitions"):
             return None
-        return max(2, self.spark.sparkContext.defaultParallelism)
+        return max(2, default_parallelism(self.spark))
 
     def supervise(
         self, checkpoint: Location, writer: StreamWriter | InPlanWriter, watch: _Watch
@@ -641,7 +641,7 @@ class LiveRun(StageRun[LiveStage]):
         cannot be read back: then what is pending is not checked against it."""
         try:
             return events_in_join(self.spark, checkpoint, batch_id)
-        except (PySparkException, Py4JJavaError) as exc:
+        except (PySparkException, JavaError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             self.progress(
                 f"{self.stage.name}: the label join's state in {checkpoint} could not be read "

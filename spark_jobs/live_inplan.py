@@ -65,6 +65,7 @@ from spark_jobs.handoff import (
     task_writer,
 )
 from spark_jobs.joins import FOUND_PREFIX, dedup_kind
+from spark_jobs.jvm import set_local_property
 from spark_jobs.live_writers import (
     KIND,
     RECORD,
@@ -341,11 +342,11 @@ class InPlanWriter:
                     f"channel {self._channel.name}: waited {waited:.0f}s for consumers "
                     "(backpressure)"
                 )
-        self.spark.sparkContext.setLocalProperty(BATCH_PROPERTY, str(batch_id))
+        set_local_property(self.spark, BATCH_PROPERTY, str(batch_id))
         try:
             found = self._kept(batch, threshold).collect()
         finally:
-            self.spark.sparkContext.setLocalProperty(BATCH_PROPERTY, None)  # type: ignore[arg-type]
+            set_local_property(self.spark, BATCH_PROPERTY, None)
         counts = self._counts(found)
         self.records_read[batch_id] = sum(
             n for k, n in counts.items() if k.startswith("flow.input.")

@@ -30,6 +30,7 @@ from spark_jobs.conf import (
     session_conf,
     stack_conf,
 )
+from spark_jobs.jvm import start_driver_jvm
 
 __all__ = ["get_session", "launched_by_spark_submit", "stack_jars"]
 
@@ -84,11 +85,9 @@ def _launch_jvm(settings: Mapping[str, str]) -> None:
     local user can read in ``ps``; started first with the public ones, it gets the rest when the
     session is created.
     """
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkConf
 
-    SparkContext._ensure_initialized(
-        conf=SparkConf(loadDefaults=False).setAll(list(settings.items()))
-    )
+    start_driver_jvm(SparkConf(loadDefaults=False).setAll(list(settings.items())))
 
 
 def get_session(
@@ -109,13 +108,13 @@ def get_session(
     builder = SparkSession.builder.appName(app_name)
 
     if launched_by_spark_submit():
-        from pyspark import SparkConf, SparkContext
+        from pyspark import SparkConf
 
         # Connect to spark-submit's JVM first: until then SparkConf() sees no settings at all.
-        SparkContext._ensure_initialized()
+        driver = start_driver_jvm()
         given = SparkConf()  # what spark-submit set, read from the running JVM
         connectors = connectors_given(given.get(CONNECTORS_KEY, None))
-        missing = _missing_classes(SparkContext._jvm, connectors)
+        missing = _missing_classes(driver, connectors)
         if missing:
             raise SparkSetupError(
                 f"this job was launched by spark-submit without the stack's jars "

@@ -44,6 +44,13 @@ from flow.workflows.warm import (
     token_matches,
     write_state,
 )
+from spark_jobs.jvm import (
+    cancel_all_jobs,
+    context_stop_replaced,
+    context_stopped,
+    launch_conf,
+    make_current,
+)
 
 __all__ = ["JobStreams", "job_session", "main", "run_application"]
 
@@ -197,29 +204,17 @@ def job_session(base: Any) -> Iterator[Any]:
     """A new session for one job (its own SQL settings, temporary views and UDFs, the same
     SparkContext), the one every ``getActiveSession``/``builder.getOrCreate`` gives while it
     runs; after it, its streaming queries are stopped and ``base`` is current again."""
-    from pyspark.sql import SparkSession
-
     session = base.newSession()
-    sessions = SparkSession._get_j_spark_session_class(base._jvm)
-
-    def current(chosen: Any) -> None:
-        SparkSession._instantiatedSession = chosen
-        SparkSession._activeSession = chosen
-        sessions.setDefaultSession(chosen._jsparkSession)
-        sessions.setActiveSession(chosen._jsparkSession)
-
-    current(session)
+    make_current(session)
     # A job's `spark.stop()` (scripts end with it) would stop the SparkContext every job shares:
     # the driver outlives its jobs, so for the job it only ends its queries.
-    context = base.sparkContext
     setattr(session, "stop", lambda *_, **__: _stop_queries(session))  # noqa: B010
-    setattr(context, "stop", lambda *_, **__: _stop_queries(session))  # noqa: B010
     try:
-        yield session
+        with context_stop_replaced(base, lambda *_, **__: _stop_queries(session)):
+            yield session
     finally:
-        delattr(context, "stop")
         _stop_queries(session)
-        current(base)
+        make_current(base)
         base.catalog.clearCache()
 
 
@@ -288,7 +283,7 @@ class _Server:
             finally:
                 self.running = ""
                 self.busy.clear()
-            if self.spark.sparkContext._jsc is None:
+            if context_stopped(self.spark):
                 self.say("a job stopped the SparkContext: this driver cannot serve another")
                 return
 
@@ -328,7 +323,7 @@ class _Server:
         if done.is_set():
             return
         self.say("cancelling the job (its caller asked, or went away)")
-        self.spark.sparkContext.cancelAllJobs()
+        cancel_all_jobs(self.spark)
         session = self.session
         if session is not None:
             _stop_queries(session)
@@ -368,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     spark = get_session(stack, app_name="flow-warm-driver")
     _warm_up(spark, stack, say)
-    conf = spark.sparkContext.getConf()
+    conf = launch_conf(spark)
     master = conf.get("spark.master", "local[*]") or "local[*]"
     connectors = connectors_given(conf.get(CONNECTORS_KEY, None))
     server = _Server(spark, args.idle_minutes * 60, say)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.constants import batch_time, batch_value
+from spark_jobs.jvm import classes_compiled, codegen_text
 
 pytestmark = pytest.mark.integration
 
@@ -20,9 +20,7 @@ pytestmark = pytest.mark.integration
 def _generated_code(df: DataFrame) -> list[str]:
     """The Java source Spark generates for ``df``'s plan (its codegen explain, code lines only:
     the plan's description above them names expression ids and values)."""
-    jvm: Any = df.sparkSession.sparkContext._jvm
-    text = jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "codegen")
-    return [line for line in text.splitlines() if line.startswith("/* ")]
+    return [line for line in codegen_text(df).splitlines() if line.startswith("/* ")]
 
 
 def _plan(spark: SparkSession, value: Column) -> DataFrame:
@@ -51,10 +49,7 @@ def test_a_held_int_hashes_as_the_literal_does(spark: SparkSession) -> None:
 
 def _compiled(spark: SparkSession) -> int:
     """Classes Spark has compiled so far (its codegen cache's misses, across the JVM)."""
-    jvm: Any = spark.sparkContext._jvm
-    return int(
-        jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
-    )
+    return classes_compiled(spark)
 
 
 def _second_batch(spark: SparkSession, now: Column, folder: Path) -> tuple[int, list[int]]:

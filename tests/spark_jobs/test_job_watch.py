@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.job_watch import JobWatch, cache_loaded, wait_until
+from spark_jobs.jvm import set_job_group, set_local_property
 
 
 def test_waiting_ends_when_ready_or_when_stopped() -> None:
@@ -26,11 +27,10 @@ def test_waiting_ends_when_ready_or_when_stopped() -> None:
 
 @pytest.fixture
 def job_group(spark: SparkSession) -> Iterator[None]:
-    context = spark.sparkContext
-    context.setJobGroup("job-watch-test", "a batch's jobs")
+    set_job_group(spark, "job-watch-test", "a batch's jobs")
     yield
-    context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+    set_local_property(spark, "spark.jobGroup.id", None)
+    set_local_property(spark, "spark.job.description", None)
 
 
 @pytest.mark.integration

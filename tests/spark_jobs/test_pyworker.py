@@ -87,7 +87,7 @@ def test_an_unchanged_archive_is_not_read_again_and_a_changed_one_is(
 
 @pytest.mark.integration
 def test_local_python_tasks_run_under_it(spark: SparkSession) -> None:
-    def where(_: Iterable[int]) -> Iterator[tuple[str, int, bool]]:
+    def where(_: Iterable[object]) -> Iterator[tuple[str, int, bool]]:
         import gc
 
         import pyspark
@@ -96,7 +96,7 @@ def test_local_python_tasks_run_under_it(spark: SparkSession) -> None:
         yield (pyspark.__file__ or "", gc.get_freeze_count(), archives)
 
     for origin, frozen, archives in (
-        spark.sparkContext.parallelize(range(4), 2).mapPartitions(where).collect()
+        spark.range(4, numPartitions=2).rdd.mapPartitions(where).collect()
     ):
         assert not archives  # pyspark's own files, with their bytecode
         assert ".zip" not in origin

@@ -18,9 +18,10 @@ pytestmark = pytest.mark.integration
 
 APP = """
 import json
+from spark_jobs.jvm import launch_conf
 from spark_jobs.session import get_session
 spark = get_session(app_name="submit-test")
-conf = spark.sparkContext.getConf()
+conf = launch_conf(spark)
 print("RESULT " + json.dumps({
     "master": conf.get("spark.master"),
     "partitions": spark.conf.get("spark.sql.shuffle.partitions"),
@@ -112,6 +113,7 @@ def test_flow_spark_args_make_a_plain_spark_submit_work(
 SECRET_APP = """
 import json, os
 import psutil
+from spark_jobs.jvm import launch_conf
 from spark_jobs.session import get_session
 spark = get_session(app_name="secret-test")
 secret = os.environ["TEST_FAKE_SECRET"]
@@ -125,7 +127,7 @@ jvm = me.parent() if "PYSPARK_GATEWAY_PORT" in os.environ else me.children()[0]
 print("RESULT " + json.dumps({
     "leaks": leaks,
     "jvm": " ".join(jvm.cmdline()),
-    "seen": spark.sparkContext.getConf().get("spark.sql.catalog.flow.s3.secret-access-key")
+    "seen": launch_conf(spark).get("spark.sql.catalog.flow.s3.secret-access-key")
     == secret,
     "rows": spark.range(3).count(),
 }))
@@ -210,9 +212,10 @@ def test_a_mistake_in_a_pipeline_file_under_flow_run_is_one_line_and_its_exit_co
 
 CONNECTORS_APP = """
 import json
+from spark_jobs.jvm import jvm as spark_jvm
 from spark_jobs.session import get_session
 spark = get_session(app_name="connectors-test")
-jvm = spark.sparkContext._jvm
+jvm = spark_jvm(spark)
 loadable = jvm.org.apache.spark.util.Utils.classIsLoadable
 print("RESULT " + json.dumps({
     "extensions": spark.conf.get("spark.sql.extensions"),

@@ -51,6 +51,7 @@ from flow.stack.kafka import ensure_topics, producer
 from spark_jobs import backfill, live
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import training_rows
+from spark_jobs.jvm import executed_plan
 from spark_jobs.live import StreamFailedError, run_live
 from spark_jobs.live_inplan import unsupported
 from spark_jobs.report import StageReport
@@ -277,7 +278,7 @@ def dead_reasons(spark: SparkSession, world: Lake, stage: str) -> list[str]:
 
 
 def assert_no_python(df: DataFrame) -> None:
-    plan = df._jdf.queryExecution().executedPlan().toString()
+    plan = str(executed_plan(df).toString())
     assert not [node for node in PYTHON_NODES if node in plan], plan
 
 

@@ -6,11 +6,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from py4j.protocol import Py4JJavaError
-from pyspark.java_gateway import launch_gateway
 
 from flow.errors import ConfigError
 from flow.pipeline.schema import check_trigger
+from spark_jobs.jvm import JavaError, standalone_jvm
 
 pytestmark = pytest.mark.integration
 
@@ -25,11 +24,8 @@ WRITTEN = (
 @pytest.fixture(scope="module")
 def trigger_class() -> Iterator[Any]:
     """Spark's ``Trigger`` from a bare driver JVM: parsing needs no session or stack."""
-    gateway = launch_gateway()  # type: ignore[no-untyped-call]
-    yield gateway.jvm.org.apache.spark.sql.streaming.Trigger
-    gateway.shutdown()
-    gateway.proc.stdin.close()  # the gateway server exits when its stdin closes
-    gateway.proc.wait(timeout=60)
+    with standalone_jvm() as jvm:
+        yield jvm.org.apache.spark.sql.streaming.Trigger
 
 
 def _flow_accepts(value: str) -> bool:
@@ -43,7 +39,7 @@ def _flow_accepts(value: str) -> bool:
 def _spark_accepts(trigger_class: Any, value: str) -> bool:
     try:
         trigger_class.ProcessingTime(value)
-    except Py4JJavaError:
+    except JavaError:
         return False
     return True
 

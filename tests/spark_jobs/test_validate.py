@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 
 from flow.pipeline import Field, KafkaSource
+from spark_jobs.jvm import codegen_text
 from spark_jobs.validate import parse_kafka
 
 pytestmark = pytest.mark.integration
@@ -122,9 +123,7 @@ def _parsed(spark: SparkSession, records: DataFrame, limit: str) -> list[tuple[A
 
 def _largest_method(spark: SparkSession, df: DataFrame) -> int:
     """Bytes of bytecode in the plan's largest generated method (Spark's codegen explain)."""
-    jvm: Any = spark.sparkContext._jvm
-    plan: Any = df
-    text = jvm.PythonSQLUtils.explainString(plan._jdf.queryExecution(), "codegen")
+    text = codegen_text(df)
     return max(int(n) for n in re.findall(r"maxMethodCodeSize:(\d+)", text))
 
 
