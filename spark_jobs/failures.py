@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from spark_jobs.jvm import exception_chain
+
 __all__ = ["Cause", "causes", "root_cause"]
 
 # Wrappers: they say where a failure crossed a boundary, never what failed.
@@ -175,19 +177,14 @@ def _of_text(text: str) -> Iterator[Cause]:
 
 
 def _of_exception(error: BaseException) -> Iterator[Cause]:
-    """The chain of ``error`` (its ``__cause__``, else its ``__context__``), outermost first;
-    a wrapper's printed text is searched for the causes it carries as text."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        kind = type(current)
-        qualified = kind.__qualname__ if kind.__module__ == "builtins" else kind.__name__
-        code = current.errno if isinstance(current, OSError) else None
-        yield Cause(qualified, _first_line(str(current)), code)
-        if qualified in _WRAPPERS or "\n" in str(current):
-            yield from _of_text(str(current))
-        current = current.__cause__ or current.__context__
+    """The chain of ``error``, outermost first, by class (spark_jobs.jvm.exception_chain: its
+    Python causes, the Java throwables behind them, the exceptions a traceback that crossed the
+    JVM as text ends with); a message of many lines is searched for the causes it carries."""
+    for name, message in exception_chain(error):
+        number = _ERRNO.search(message)
+        yield Cause(name, _first_line(message), int(number.group(1)) if number else None)
+        if "\n" in message.strip():
+            yield from _of_text(message)
 
 
 def causes(error: BaseException | str) -> list[Cause]:
