@@ -53,16 +53,21 @@ class Stage:
     """``flow run`` of the suite's live stage, as a user starts it: killable as a whole."""
 
     def __init__(
-        self, env: dict[str, str], namespace: str, log: Path, strategy: Strategy = "window"
+        self,
+        env: dict[str, str],
+        namespace: str,
+        log: Path,
+        strategy: Strategy = "window",
+        *extra: str,
     ) -> None:
         self.env, self.namespace, self.log = env, namespace, log
-        self.strategy = strategy
+        self.strategy, self.extra = strategy, extra
         self.process: subprocess.Popen[bytes] | None = None
 
     def argv(self, *more: str) -> list[str]:
         return [
             FLOW_BIN, "run", PIPELINE, "--namespace", self.namespace,
-            "--strategy", self.strategy, *more,
+            "--strategy", self.strategy, *self.extra, *more,
         ]  # fmt: skip
 
     def start(self, *more: str) -> None:
@@ -513,3 +518,69 @@ def test_flow_run_stops_its_trainer_when_the_spark_side_fails(
     assert "stopping the trainer" in said, said[-3000:]
     assert "no_such_column" in said
     assert took < 300, f"flow run took {took:.0f}s: it waited for its trainer"
+
+
+LONG = os.environ.get("FLOW_FAULTS_LONG", "") == "1"
+
+
+@pytest.mark.skipif(not LONG, reason="the long fault run (~15 min a strategy): FLOW_FAULTS_LONG=1")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_long_run_five_driver_kills_and_a_three_minute_broker_outage_under_load(
+    running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path, strategy: Strategy
+) -> None:
+    """The issue's long version: 12,000 impressions (and their clicks) sent at 200 a second
+    while the driver is killed (-9) five times at random moments, each time started again from
+    its checkpoint; then the broker stopped for three minutes while the stage runs; then every
+    record is accounted for.
+
+        FLOW_FAULTS_LONG=1 .venv/bin/pytest tests/faults -k long_run
+    """
+    stack = running_stack
+    namespace = new_namespace(stack)
+    pick = random.Random(11)
+    # Event time: 0.3 s apart (an hour for 12,000), ending well in the past.
+    events = Producer(stack.kafka, namespace, base=datetime.now(UTC) - timedelta(minutes=150))
+    # Batches of up to 1,000 impressions: the suite's default of 50 would take the run an hour.
+    extra = ("--per-batch", "1000", "--max-restarts", "20")
+    stage = Stage(stack_env, namespace, tmp_path / "stage.log", strategy, *extra)
+    sent_at: list[float] = []
+    kills = 0
+    try:
+        stage.start()
+        started = time.monotonic()
+        events.broken(list(BROKEN))
+        for second in range(60):  # 200 impressions (and their clicks) a second
+            events.impressions(200, clicks=True, every=0.005, repeat=(7,) if second % 10 else ())
+            sent_at.append(time.monotonic() - started)
+            if second in (8, 19, 31, 42, 53):
+                time.sleep(pick.uniform(0, 1))
+                stage.kill()
+                kills += 1
+                stage.start()
+            time.sleep(max(0.0, second + 1 - (time.monotonic() - started)))
+        rate = 12_000 / sent_at[-1]
+        wait_for(lambda: len(rows(stack, namespace)) > 6_000, "rows of the first half", 900)
+        down = run_flow(["services", "down", "--only", "kafka"], stack_env)
+        assert down.returncode == 0, down.stderr
+        outage = time.monotonic()
+        time.sleep(185)
+        up = run_flow(["services", "up", "--only", "kafka"], stack_env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        outage = time.monotonic() - outage
+        events = _reconnected(events, stack)
+        events.impressions(200, clicks=True, every=0.005)
+        assert stage.process is not None
+        assert stage.process.poll() is None, "the stage did not ride out the outage"
+        restarts = finish(stage, events, stack, namespace, "every positive", timeout=1500)
+    finally:
+        run_flow(["services", "up", "--only", "kafka"], stack_env)
+        if stage.process is not None and stage.process.poll() is None:
+            stage.kill()
+    found = account(stack, namespace, events.expected, strategy) | {
+        "driver_kills": kills,
+        "send_rate_per_s": round(rate),
+        "outage_s": round(outage),
+        "restarts": restarts,
+    }
+    report(stack, f"long-{strategy}", found)
+    check(found, events.expected)
