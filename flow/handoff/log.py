@@ -171,7 +171,10 @@ def _write_segment(folder: Location, table: pa.Table, level: int) -> dict[str, A
 
 
 def _read_segment(folder: Location, name: str) -> pa.Table:
-    with folder.child(LOG, SEGMENTS).reading(name) as source:
+    segments = folder.child(LOG, SEGMENTS)
+    if isinstance(folder.fs, pafs.LocalFileSystem):  # mapped: a reader never copies records
+        return pa.ipc.open_file(pa.memory_map(f"{segments.path}/{name}")).read_all()
+    with segments.reading(name) as source:
         return pa.ipc.open_file(source).read_all()
 
 
@@ -412,11 +415,14 @@ class CommitLog:
         ids = table.column("batch_id").to_numpy()
         order = np.argsort(ids, kind="stable")
         self._table, self._ids, self._order = table, ids[order], order
-        writers = table.column("writer").to_pylist()
+        # Writers by dictionary codes: a million names turned to Python strings took 0.3 s.
+        encoded = table.column("writer").combine_chunks().dictionary_encode()
         codes = self._codes
-        for w in set(writers):
-            codes.setdefault(w, len(codes))
-        lookup = np.array([codes[w] for w in writers], dtype=np.int64)
+        mapping = np.array(
+            [codes.setdefault(w, len(codes)) for w in encoded.dictionary.to_pylist()] or [0],
+            dtype=np.int64,
+        )
+        lookup = mapping[encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
         shards = table.column("shards").combine_chunks()
         offsets = shards.offsets.to_numpy() if len(table) else np.zeros(1, dtype=np.int32)
         flat = shards.flatten() if len(table) else None
@@ -545,7 +551,9 @@ class CommitLog:
         at = np.minimum(at, max(len(self._ids) - 1, 0))
         held = (self._ids[at] == wanted) if len(self._ids) else np.zeros(len(wanted), bool)
         total = 0
-        if held.any():
+        if held.all() and buckets is None and len(wanted) == len(self._ids):
+            total = int(self._arrays["rows"].sum())  # the whole log: no lookup
+        elif held.any():
             rows = self._arrays["rows"]
             if buckets is None:
                 total += int(rows[at[held]].sum())
