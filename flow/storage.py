@@ -28,10 +28,12 @@ from flow.config import CatalogConfig, S3Config, StackConfig, is_s3
 from flow.errors import ConfigError
 
 __all__ = [
+    "CountingHandler",
     "Location",
     "NamespaceLocations",
     "check_storage",
     "check_warehouse",
+    "counting_location",
     "location",
     "namespace_locations",
     "s3_filesystem",
@@ -329,3 +331,93 @@ def _probe_once(setting: str, uri: str, s3: S3Config) -> None:
     if is_s3(uri) and (setting, uri) not in _checked:
         location(uri, s3).check_writable(setting)
         _checked.add((setting, uri))
+
+
+class CountingHandler(pafs.FileSystemHandler):  # type: ignore[misc]
+    """A filesystem that counts its calls by kind (``list``, ``info``, ``get``, ``put``,
+    ``move``, ``delete``, ``mkdir``) and passes them on: what an object store would bill as
+    requests. Tests hold mechanisms to their request counts with it; ``flow bench commits``
+    reports them."""
+
+    def __init__(self, inner: pafs.FileSystem | None = None) -> None:
+        self.inner = inner or pafs.LocalFileSystem()
+        self.calls: dict[str, int] = {}
+
+    def _count(self, kind: str, n: int = 1) -> None:
+        self.calls[kind] = self.calls.get(kind, 0) + n
+
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def get_type_name(self) -> str:
+        return "counting"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        self._count("info", len(paths))
+        return list(self.inner.get_file_info(paths))
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        self._count("list")
+        return list(self.inner.get_file_info(selector))
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self._count("mkdir")
+        self.inner.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self._count("delete")
+        self.inner.delete_dir(path)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self._count("delete")
+        self.inner.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        raise OSError("a counting filesystem does not delete its root's contents")
+
+    def delete_file(self, path: str) -> None:
+        self._count("delete")
+        self.inner.delete_file(path)
+
+    def move(self, src: str, dest: str) -> None:
+        self._count("move")
+        self.inner.move(src, dest)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self._count("put")
+        self.inner.copy_file(src, dest)
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        self._count("get")
+        return self.inner.open_input_stream(path)
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        self._count("get")
+        return self.inner.open_input_file(path)
+
+    def open_output_stream(self, path: str, metadata: object = None) -> pa.NativeFile:
+        self._count("put")
+        return self.inner.open_output_stream(path)
+
+    def open_append_stream(self, path: str, metadata: object = None) -> pa.NativeFile:
+        self._count("put")
+        return self.inner.open_append_stream(path)
+
+
+def counting_location(path: str) -> tuple[Location, CountingHandler]:
+    """The local folder ``path`` through a :class:`CountingHandler`, and the handler."""
+    handler = CountingHandler()
+    resolved = str(Path(path).expanduser().resolve())
+    return Location(pafs.PyFileSystem(handler), resolved, resolved), handler

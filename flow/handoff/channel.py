@@ -30,6 +30,16 @@ from flow.handoff.format import (
     commit_name,
     head_name,
 )
+from flow.handoff.log import (
+    CLOSED_MARK,
+    Checkpoint,
+    CommitLog,
+    claim,
+    fold,
+    next_seq,
+    read_checkpoint,
+    seq_claim,
+)
 from flow.handoff.shards import codec, fixed_size_lists, write_shard
 from flow.handoff.verify import VerifyReport, verify_channel
 from flow.storage import Location, location
@@ -88,6 +98,9 @@ class Channel:
         self.name = name
         self.folder = self.root.child(name)
         self._meta: ChannelMeta | None = None
+        self._log: CommitLog | None = None
+        self._checkpoint: Checkpoint | None = None
+        """The checkpoint as this process last wrote or read it (writers: interval, watermark)."""
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -109,20 +122,50 @@ class Channel:
             self._meta = ChannelMeta.from_json(self.folder.read_bytes(CHANNEL_FILE).decode())
         return self._meta
 
+    @property
+    def log(self) -> CommitLog:
+        """This channel's commit log as this process sees it (:mod:`flow.handoff.log`);
+        :meth:`CommitLog.refresh` looks for new commits."""
+        if self._log is None:
+            self._log = CommitLog(self.folder)
+        return self._log
+
     def commit_ids(self) -> list[int]:
-        return [int(n.removesuffix(".json")) for n in self.folder.child(COMMITS).list(".json")]
+        """Every commit's batch id, in order: from the checkpoint and the writers' heads (an old
+        channel's from a listing of its records)."""
+        self.log.refresh()
+        return self.log.ids()
 
     def commit(self, batch_id: int) -> Commit:
-        return Commit.from_json(
-            self.folder.child(COMMITS).read_bytes(commit_name(batch_id)).decode()
-        )
+        """The commit of ``batch_id``: its record, or the checkpoint's copy once retention
+        deleted the record."""
+        try:
+            return Commit.from_json(
+                self.folder.child(COMMITS).read_bytes(commit_name(batch_id)).decode()
+            )
+        except FileNotFoundError:
+            found = self.log.commit(batch_id)
+            if found is None:
+                self.log.load()
+                found = self.log.commit(batch_id)
+            if found is None:
+                raise
+            return found
 
     def retired(self, batch_id: int) -> bool:
         """Whether retention deleted this commit's shards (every consumer had read them)."""
-        return self.folder.child(COMMITS).exists(f"{batch_id:020d}{_RETIRED}")
+        return self.log.retired(batch_id) or self.folder.child(COMMITS).exists(
+            f"{batch_id:020d}{_RETIRED}"
+        )
 
     def retired_ids(self) -> set[int]:
-        return {int(n.removesuffix(_RETIRED)) for n in self.folder.child(COMMITS).list(_RETIRED)}
+        marked = {int(n.removesuffix(_RETIRED)) for n in self.folder.child(COMMITS).list(_RETIRED)}
+        return marked | {b for b in self.log.ids(upto=self._watermark()) if self.log.retired(b)}
+
+    def _watermark(self) -> int:
+        self.log.ensure()
+        checkpoint = self.log.checkpoint
+        return checkpoint.retired_upto if checkpoint is not None else -1
 
     def heads(self) -> dict[str, WriterHead]:
         """Each writer's latest commit, by writer (none for channels of format 1).
@@ -227,21 +270,43 @@ class Channel:
         )
 
     def committed(self, batch_id: int) -> bool:
-        return self.folder.child(COMMITS).exists(commit_name(batch_id))
+        if self.folder.child(COMMITS).exists(commit_name(batch_id)):
+            return True
+        self.log.refresh()
+        return self.log.has(batch_id)
 
     def add_commit(self, commit: Commit) -> Commit | None:
         """Make the commit's shards visible: the commit as written, numbered in its writer's
         sequence; None (and nothing changed) if the batch id is already committed.
 
         Every shard must exist with its recorded size: a commit never names a missing file.
-        The commit gets the next ``seq`` of its writer after the writer's head (and after any
-        commit of the writer found past the head: a writer stopped between record and head),
-        so a commit lost at the end of the sequence is not numbered over. Files of the batch's
-        folder the commit does not name (failed or speculative task attempts) are deleted:
-        afterwards a shard no commit names is a problem ``verify`` reports.
+        The commit gets the next ``seq`` of its writer after the writer's head and after any
+        claim of the writer found past the head (a writer stopped between record and head:
+        :func:`flow.handoff.log.next_seq`), so a commit lost at the end of the sequence is not
+        numbered over. Nothing is listed: the cost does not grow with the channel's length.
+        Every :data:`~flow.handoff.log.CHECKPOINT_INTERVAL` commits of the writer, the log is
+        folded into a new checkpoint. Files of the batch's folder the commit does not name
+        (failed or speculative task attempts) are deleted: afterwards a shard no commit names
+        is a problem ``verify`` reports.
         """
-        if self.committed(commit.batch_id):
+        if self.folder.child(COMMITS).exists(commit_name(commit.batch_id)):
+            self._repair_head(commit.batch_id)
             return None
+        checkpoint = self._writing_checkpoint()
+        last_seq, last_batch = next_seq(
+            self.folder, commit.writer, self.head(commit.writer), checkpoint
+        )
+        late = last_batch is not None and commit.batch_id <= last_batch
+        if late or commit.batch_id <= checkpoint.retired_upto:
+            if self.committed(commit.batch_id):  # a replay of a commit retention folded
+                return None
+            raise HandoffError(
+                f"cannot commit batch {commit.batch_id} of writer {commit.writer!r} to channel "
+                f"{self.name!r}: the writer's last commit is batch {last_batch} (seq "
+                f"{last_seq}) and batches up to {checkpoint.retired_upto} are retired, so batch "
+                f"{commit.batch_id} comes too late, and its record is not there; run "
+                "`flow handoff verify` on the channel"
+            )
         for shard in commit.shards:
             info = self.folder.fs.get_file_info(f"{self.folder.path}/{shard.path}")
             if info.type != pafs.FileType.File or info.size != shard.bytes:
@@ -249,49 +314,51 @@ class Channel:
                     f"cannot commit batch {commit.batch_id}: shard {shard.path} is missing or "
                     "has the wrong size"
                 )
-        last = self._last_numbered(commit.writer)
-        if last is not None and commit.batch_id <= last[1]:
-            raise HandoffError(
-                f"cannot commit batch {commit.batch_id} of writer {commit.writer!r} to channel "
-                f"{self.name!r}: the writer's last commit is batch {last[1]} (seq {last[0]}), so "
-                f"batch {commit.batch_id} comes too late, and its record is not there; run "
-                "`flow handoff verify` on the channel"
-            )
-        seq = 0 if last is None else last[0] + 1
+        seq = last_seq + 1
         numbered = replace(
             commit,
             seq=seq,
-            previous=None if last is None else last[1],
+            previous=last_batch,
             total_rows=commit.rows,
             format=FORMAT_VERSION,
         )
+        # Claim, record, head: a writer stopped between two of them is read right by the next
+        # add_commit (see flow.handoff.log's crash safety).
+        claim(self.folder, commit.writer, seq, commit.batch_id)
         self.folder.child(COMMITS).write_bytes(
             commit_name(commit.batch_id), numbered.to_json().encode()
         )
         head = WriterHead(commit.writer, seq, commit.batch_id)
         self.folder.child(WRITERS).write_bytes(head_name(commit.writer), head.to_json().encode())
         self._sweep(numbered)
+        if (seq + 1) % checkpoint.interval == 0:
+            self._checkpoint = fold(self.folder)
         return numbered
 
-    def _last_numbered(self, writer: str) -> tuple[int, int] | None:
-        """(seq, batch id) of ``writer``'s latest numbered commit; None if it has none."""
-        head = self.head(writer)
-        ids = self.commit_ids()
-        if head is None:
-            # No head: the writer's first commit, or the head was never written. The latest
-            # commit of the writer decides (seqs grow with batch ids); one of format 1 ends it.
-            for batch_id in reversed(ids):
-                found = self.commit(batch_id)
-                if found.writer == writer:
-                    return (found.seq, batch_id) if found.seq is not None else None
-            return None
-        last = (head.seq, head.batch_id)
-        for batch_id in ids:
-            if batch_id > head.batch_id:
-                found = self.commit(batch_id)
-                if found.writer == writer and found.seq is not None and found.seq > last[0]:
-                    last = (found.seq, batch_id)
-        return last
+    def _writing_checkpoint(self) -> Checkpoint:
+        """The checkpoint a writer numbers against; an old channel's first write folds its
+        records into the first one (the automatic upgrade, once)."""
+        if self._checkpoint is None:
+            self._checkpoint = read_checkpoint(self.folder) or fold(self.folder)
+        return self._checkpoint
+
+    def _repair_head(self, batch_id: int) -> None:
+        """A replayed batch whose record exists: if its writer stopped before writing the head,
+        write it now, so followers (who learn of commits from heads) see the commit."""
+        try:
+            record = Commit.from_json(
+                self.folder.child(COMMITS).read_bytes(commit_name(batch_id)).decode()
+            )
+        except (FileNotFoundError, ValueError, TypeError, KeyError):
+            return
+        if record.seq is None:
+            return
+        head = self.head(record.writer)
+        if head is None or head.seq < record.seq:
+            fixed = WriterHead(record.writer, record.seq, record.batch_id)
+            self.folder.child(WRITERS).write_bytes(
+                head_name(record.writer), fixed.to_json().encode()
+            )
 
     def _sweep(self, commit: Commit) -> None:
         folder = self.folder.child(SHARDS, f"{commit.batch_id:020d}")
@@ -303,10 +370,14 @@ class Channel:
 
     def close(self) -> None:
         """Tell followers the producer has finished; they end after the last commit."""
-        self.folder.write_bytes(CLOSED_FILE, datetime.now(UTC).isoformat().encode())
+        stamp = datetime.now(UTC).isoformat().encode()
+        self.folder.write_bytes(CLOSED_FILE, stamp)
+        # Also among the heads: a follower's one LIST of writers/ sees heads and close together.
+        self.folder.child(WRITERS).write_bytes(CLOSED_MARK, stamp)
 
     def reopen(self) -> None:
         """A producer writes again (a live stage restarted after ``flow run`` closed it)."""
+        self.folder.child(WRITERS).delete(CLOSED_MARK)
         if self.closed():
             self.folder.fs.delete_file(f"{self.folder.path}/{CLOSED_FILE}")
 
@@ -339,24 +410,48 @@ class Channel:
 
     def unconsumed_bytes(self) -> int:
         done = self.consumed_by_all()
-        return sum(
-            self.commit(b).bytes for b in self.commit_ids() if b > done and not self.retired(b)
-        )
+        self.log.refresh()
+        marked = self.folder.child(COMMITS).list(_RETIRED)  # an old channel's retention
+        if marked:
+            done = max(done, max(int(n.removesuffix(_RETIRED)) for n in marked))
+        return self.log.unconsumed_bytes(done)
 
     def retire(self) -> int:
-        """Delete the shards every consumer group has read; the commit records stay (their row
-        counts keep every reader's plan the same). Returns the bytes freed."""
+        """Delete what every consumer group has read: its shards, its commit records and its
+        sequence claims, after folding those commits into a checkpoint (which keeps their row
+        counts, so every reader's plan stays the same). Returns the bytes freed."""
         done = self.consumed_by_all()
+        before = self._writing_checkpoint()
+        if done <= before.retired_upto:
+            return 0
+        self._checkpoint = folded = fold(self.folder)
+        log = CommitLog(self.folder)
+        log.load()
+        # Only what the checkpoint holds: a commit past a gap stays a record (and unretired).
+        unfolded = [b for b in log.ids(before.retired_upto, done) if not log.folded(b)]
+        watermark = min(done, unfolded[0] - 1) if unfolded else done
+        if watermark <= before.retired_upto:
+            return 0
+        self._checkpoint = marked = fold(self.folder, retire_upto=watermark)
+        if read_checkpoint(self.folder) != marked:  # another writer folded meanwhile: next time
+            return 0
+        del folded
         freed = 0
-        for batch_id in self.commit_ids():
-            if batch_id > done or self.retired(batch_id):
+        records = self.folder.child(COMMITS)
+        for batch_id in log.ids(before.retired_upto, watermark):
+            commit = log.commit(batch_id)
+            if commit is None:
                 continue
-            commit = self.commit(batch_id)
             for shard in commit.shards:
                 with contextlib.suppress(FileNotFoundError):
                     self.folder.fs.delete_file(f"{self.folder.path}/{shard.path}")
-            self.folder.child(COMMITS).write_bytes(f"{batch_id:020d}{_RETIRED}", b"")
+            self.folder.child(SHARDS, f"{batch_id:020d}").remove()
+            records.delete(commit_name(batch_id))
+            records.delete(f"{batch_id:020d}{_RETIRED}")
+            if commit.seq is not None:
+                seq_claim(self.folder, commit.writer).delete(f"{commit.seq:020d}")
             freed += commit.bytes
+        self._log = None
         return freed
 
     def wait_for_room(

@@ -279,7 +279,7 @@ class ChannelReader:
             None if options.follow else totals,
             base,
         )
-        rest = remainder(plan, stops, ids, lambda b: self._refs(self.channel.commit(b)))
+        rest = remainder(plan, stops, ids, lambda b: self._refs(self._commit(b)))
         after = min((s.after for s in stops if not s.done), default=options.after_commit)
         return epoch, rest, upto, after
 
@@ -292,18 +292,33 @@ class ChannelReader:
             and not cursor["carry"]
         )
 
+    def _commit(self, batch_id: int) -> Commit:
+        """A commit from the log this reader holds (no read), else from its record."""
+        found = self.channel.log.commit(batch_id)
+        return found if found is not None else self.channel.commit(batch_id)
+
     def _epoch_ids(self, upto: int | None) -> list[int]:
-        ids = [b for b in self.channel.commit_ids() if b > self.options.after_commit]
-        return ids if upto is None else [b for b in ids if b <= upto]
+        self.channel.log.ensure()
+        return self.channel.log.ids(self.options.after_commit, upto)
 
     def _plan_totals(self, ids: list[int], rest: Remainder | None, size: int) -> list[int]:
         """Every rank's rows, in a world of ``size``, over the epoch's commits ``ids`` (of what
-        is left of them, re-cut): its batch sizes follow."""
-        totals = start(rest, size)[0]
-        for batch_id in ids:
-            rows = rows_of(rest, batch_id, self._refs(self.channel.commit(batch_id)))
-            totals = [t + s for t, s in zip(totals, targets(rows, totals), strict=True)]
-        return totals
+        is left of them, re-cut): its batch sizes follow.
+
+        :func:`~flow.handoff.plan.targets` keeps the ranks' totals in one shape: the first
+        ``total % size`` ranks one row ahead of the others. So the totals follow from the sum
+        of the rows alone, which the log gives without reading a record (a million commits in
+        milliseconds, where sharing them out commit by commit took seconds).
+        """
+        horizon = rest.horizon if rest is not None else -1
+        resumed = [b for b in ids if b <= horizon]
+        later = ids[len(resumed) :] if resumed == ids[: len(resumed)] else None
+        if later is None:  # not in order: cannot happen for a sorted log, but stay exact
+            resumed, later = [b for b in ids if b <= horizon], [b for b in ids if b > horizon]
+        total = sum(start(rest, size)[0])
+        total += sum(rows_of(rest, b, ()) for b in resumed)
+        total += self.channel.log.rows(later, self.options.buckets)
+        return [total // size + (1 if r < total % size else 0) for r in range(size)]
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning."""
@@ -348,10 +363,19 @@ class ChannelReader:
         self._totals = self._plan_totals(ids, self._rest, self.world.world_size)
 
     def _next_commits(self, after: int) -> list[int]:
-        ids = [b for b in self.channel.commit_ids() if b > after]
-        if self._upto is not None:
-            ids = [b for b in ids if b <= self._upto]
-        return ids
+        """The commits after ``after`` to read; following, after a look at the writers' heads
+        (one LIST and a GET a writer: :meth:`flow.handoff.log.CommitLog.refresh`)."""
+        log = self.channel.log
+        if self._upto is None:
+            log.refresh()
+        else:
+            log.ensure()
+        return log.ids(after, self._upto)
+
+    def _closed(self) -> bool:
+        """Whether the producer had closed the channel at the last look for commits."""
+        log = self.channel.log
+        return log.closed if not log.legacy else self.channel.closed()
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         """One epoch's batches (see the class docstring), gathered on the host."""
@@ -418,8 +442,6 @@ class _EpochWalk(Generic[T]):
         self.after = self.start.after
         self.resume_window: int | None = self.start.window
         self.ahead: dict[int, tuple[Commit, list[Span]]] = {}
-        self.loaded: dict[int, Commit] = {}
-        """Commits listed and checked, not read yet."""
         self.last_read: dict[str, int] = {}
         """Batch id of the latest commit of each writer this walk has read."""
         self.floor = max(options.after_commit, self.start.after)
@@ -468,7 +490,7 @@ class _EpochWalk(Generic[T]):
                     continue
                 if not options.follow:
                     return
-                if reader.channel.closed() and not reader._next_commits(self.after):
+                if reader._closed() and not reader._next_commits(self.after):
                     gap = self._lost_head()
                     if gap is None:
                         yield from self._windows(self.planner.finish(self.before))
@@ -481,35 +503,56 @@ class _EpochWalk(Generic[T]):
 
     def _ready(self, ids: list[int]) -> tuple[list[int], MissingCommit | None]:
         """``ids`` up to the first commit whose predecessor in its writer's sequence is neither
-        read, nor listed before it, nor out of this walk's range, nor retired; and that gap."""
+        read, nor listed before it, nor out of this walk's range, nor retired; and that gap.
+
+        From the log's arrays, without reading a record: a million commits in milliseconds."""
         channel = self.reader.channel
-        latest = dict(self.last_read)  # as it will be when each commit's turn comes
-        for position, batch_id in enumerate(ids):
-            commit = self.loaded.get(batch_id)
-            if commit is None:
-                commit = self.loaded[batch_id] = channel.commit(batch_id)
-                disagreement = commit.disagreement()
-                if disagreement is not None:
-                    raise CommitCorruptError(f"channel {channel.name!r}: {disagreement}")
-            previous = commit.previous
-            if (
-                commit.seq
-                and previous is not None
-                and previous > self.floor
-                and latest.get(commit.writer) != previous
-                and not channel.retired(previous)
-            ):
-                gap = MissingCommit(
-                    channel.name,
-                    commit.writer,
-                    commit.seq - 1,
-                    commit.seq - 1,
-                    (previous,),
-                    before=batch_id,
-                )
-                return ids[:position], gap
-            latest[commit.writer] = batch_id
+        if not ids:
+            return ids, None
+        links = channel.log.links(ids)
+        if links.bad.any():
+            batch_id = int(links.ids[int(np.argmax(links.bad))])
+            disagreement = self.reader._commit(batch_id).disagreement()
+            raise CommitCorruptError(f"channel {channel.name!r}: {disagreement}")
+        # The batch id before each commit of the same writer in this list (or read already).
+        prior = np.full(len(ids), -2, dtype=np.int64)
+        order = np.argsort(links.writer, kind="stable")
+        grouped = links.writer[order]
+        same = np.concatenate([[False], grouped[1:] == grouped[:-1]])
+        shifted = np.concatenate([[-2], links.ids[order][:-1]])
+        prior[order] = np.where(same, shifted, -2)
+        firsts = order[~same]
+        for position in firsts.tolist():
+            writer = self._writer_of(int(links.writer[position]))
+            prior[position] = self.last_read.get(writer, -2) if writer is not None else -2
+        suspect = (
+            (links.seq >= 1)
+            & (links.previous >= 0)
+            & (links.previous > self.floor)
+            & (prior != links.previous)
+        )
+        for position in np.flatnonzero(suspect).tolist():
+            previous = int(links.previous[position])
+            if channel.retired(previous):
+                continue
+            batch_id = int(links.ids[position])
+            commit = self.reader._commit(batch_id)
+            gap = MissingCommit(
+                channel.name,
+                commit.writer,
+                int(links.seq[position]) - 1,
+                int(links.seq[position]) - 1,
+                (previous,),
+                before=batch_id,
+            )
+            return ids[:position], gap
         return ids, None
+
+    def _writer_of(self, code: int) -> str | None:
+        for writer, known in self.reader.channel.log.codes().items():
+            if known == code:
+                return writer
+        return None
 
     def _lost_head(self) -> MissingCommit | None:
         """A writer's latest commit, per its head, that is not there (nor read, nor retired)."""
@@ -519,6 +562,7 @@ class _EpochWalk(Generic[T]):
             if (
                 batch_id > self.floor
                 and self.last_read.get(head.writer, -1) < batch_id
+                and not channel.log.has(batch_id)
                 and not channel.committed(batch_id)
                 and not channel.retired(batch_id)
             ):
@@ -551,8 +595,7 @@ class _EpochWalk(Generic[T]):
         reader._record(_read_upto(self.after, materializer.carry_refs))
 
     def _take(self, batch_id: int) -> Commit:
-        loaded = self.loaded.pop(batch_id, None)
-        return loaded if loaded is not None else self.reader.channel.commit(batch_id)
+        return self.reader._commit(batch_id)
 
     def _spans(self, commit: Commit) -> list[Span]:
         """This rank's spans of ``commit`` (after the rows ``before`` it), told to the

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Literal
 from pyarrow import fs as pafs
 
 from flow.errors import ShardCorruptError
-from flow.handoff.format import SHARDS, Commit
+from flow.handoff.format import COMMITS, SHARDS, Commit
 from flow.handoff.sequence import MissingCommit, find_missing
 from flow.handoff.shards import read_shard
 
@@ -206,9 +206,14 @@ def verify_channel(
     """Check ``channel`` (see the module docstring); ``clock`` gives the time shards' ages are
     measured at."""
     heads = channel.heads()  # before listing commits: a head never names one in progress
-    ids = channel.commit_ids()
+    listed = [int(n.removesuffix(".json")) for n in channel.folder.child(COMMITS).list(".json")]
+    channel.log.load()
+    folded = [b for b in channel.log.ids() if b not in set(listed)]
+    ids = sorted([*listed, *folded])
     retired = channel.retired_ids()
-    commits, problems = _read_commits(channel, ids)
+    commits, problems = _read_commits(channel, listed)
+    # Commits whose record retention deleted: the checkpoint holds them (and their sequence).
+    commits += [c for c in map(channel.log.commit, folded) if c is not None]
     checked, shard_problems = _check_shards(channel, commits, retired)
     missing = find_missing(channel.name, commits, heads, retired)
     newest = max([*ids, *(h.batch_id for h in heads.values())], default=-1)
