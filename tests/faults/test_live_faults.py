@@ -520,10 +520,10 @@ def test_flow_run_stops_its_trainer_when_the_spark_side_fails(
     assert took < 300, f"flow run took {took:.0f}s: it waited for its trainer"
 
 
-LONG = os.environ.get("FLOW_FAULTS_LONG", "") == "1"
+LONG = os.environ.get("LONG_FAULTS", "") == "1"
 
 
-@pytest.mark.skipif(not LONG, reason="the long fault run (~15 min a strategy): FLOW_FAULTS_LONG=1")
+@pytest.mark.skipif(not LONG, reason="the long fault run (~15 min a strategy): LONG_FAULTS=1")
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_long_run_five_driver_kills_and_a_three_minute_broker_outage_under_load(
     running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path, strategy: Strategy
@@ -533,7 +533,7 @@ def test_the_long_run_five_driver_kills_and_a_three_minute_broker_outage_under_l
     its checkpoint; then the broker stopped for three minutes while the stage runs; then every
     record is accounted for.
 
-        FLOW_FAULTS_LONG=1 .venv/bin/pytest tests/faults -k long_run
+        LONG_FAULTS=1 .venv/bin/pytest tests/faults -k long_run
     """
     stack = running_stack
     namespace = new_namespace(stack)
