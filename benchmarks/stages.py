@@ -48,7 +48,8 @@ from pipelines.ctr_streaming import ctr_streaming
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import fit_state, training_rows
 from spark_jobs.jvm import default_parallelism
-from spark_jobs.live import run_live, use_state_store
+from spark_jobs.live import run_live
+from spark_jobs.live.plan import use_state_store
 from spark_jobs.rows import channel_for
 from spark_jobs.session import get_session
 
@@ -261,7 +262,7 @@ def run_hand_written_live(
     sustained input rate over every batch but the first, as for the stage.
 
     Its stateful join keeps its state where the stage's does (``state_store``, Spark's settings
-    for it: spark_jobs.live.STATE_STORES), so that the ratio prices the work and not the store.
+    for it: spark_jobs.live.plan.STATE_STORES), so that the ratio prices the work and not the store.
     Set here, not left to the session: a query takes the store the session names when its
     checkpoint is made, and the stage sets it on the session when it starts, so until this was
     explicit the hand-written query got the stage's store by running after it."""

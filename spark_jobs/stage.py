@@ -3,13 +3,13 @@
 Both stages read sources, validate them into rows and dead letters, label, enrich, featurize
 with a feature state, write training rows and dead letters, and report counts that reconcile.
 The *order* in which they do it differs: a backfill runs each phase once over the whole input,
-while a live stage wires the phases into two streaming queries and runs enrichment,
-featurization and writing per micro-batch, inside ``foreachBatch``. So this is a base class
-holding the shared context and the shared phases, not a template method with one fixed
-``run()``: each stage's ``run()`` lists its own phases top to bottom, as torchtitan's trainer
-does, and a change to one stage's order (supervised restarts, one query instead of two) does
-not have to fit the other's. The phases a micro-batch writer needs too (enrichment, counting)
-are plain functions here, since a writer holds no run.
+while a live stage wires the phases into one streaming query and runs enrichment, featurization
+and writing per micro-batch, inside the query's plan or its ``foreachBatch`` (spark_jobs.live).
+So this is a base class holding the shared context and the shared phases, not a template
+method with one fixed ``run()``: each stage's ``run()`` lists its own phases top to bottom, as
+torchtitan's trainer does, and a change to one stage's order (supervised restarts, one query
+instead of two) does not have to fit the other's. The phases a micro-batch writer needs too
+(enrichment, counting) are plain functions here, since a writer holds no run.
 
 Before either reads anything, :meth:`StageRun.check_outputs` writes a probe file to every
 location the stage will write (:func:`stage_outputs`): an unwritable handoff is found in a

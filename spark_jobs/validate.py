@@ -281,7 +281,7 @@ def with_time_checks(parsed: DataFrame, source: KafkaSource) -> DataFrame:
     reason, against the micro-batch's time read by :func:`spark_jobs.constants.batch_time`, so
     that no batch compiles classes of its own. Spark leaves an operator holding that expression
     out of whole-stage code generation, so a stream makes these checks apart from the parse,
-    after the exchange that reads each topic once (spark_jobs.live._read_once): the parse stays
+    after the exchange that reads each topic once (spark_jobs.live.plan._read_once): the parse stays
     one compiled stage, the checks a small operator of their own."""
     checks = time_checks(F.col(source.event_time), source, batch_time())
     if not checks:

@@ -14,7 +14,7 @@ function in foreach batch sink. Reason: An exception was raised by the Python Pr
 Message: Traceback (most recent call last):
   File "/x/py4j/clientserver.py", line 644, in _call_proxy
     return_value = getattr(self.pool[obj_id], method)(*params)
-  File "/x/spark_jobs/live_inplan.py", line 371, in __call__
+  File "/x/spark_jobs/live/inplan.py", line 371, in __call__
     self._channel.commit(batch_id, written)
   File "/x/flow/handoff/channel.py", line 211, in add_commit
     with open(path, "wb") as out:

@@ -1,4 +1,5 @@
-"""The moments of a running job that a micro-batch's writer waits on (spark_jobs.job_watch)."""
+"""The moments of a running job that a micro-batch's writer waits on
+(spark_jobs.live.job_watch)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pyspark import inheritable_thread_target
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.job_watch import JobWatch, cache_loaded, wait_until
 from spark_jobs.jvm import set_job_group, set_local_property
+from spark_jobs.live.job_watch import JobWatch, cache_loaded, wait_until
 
 
 def test_waiting_ends_when_ready_or_when_stopped() -> None:

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs import jvm
-from spark_jobs.job_watch import wait_until
+from spark_jobs.live.job_watch import wait_until
 
 
 @contextmanager

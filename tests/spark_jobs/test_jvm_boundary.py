@@ -130,7 +130,7 @@ def test_spark_internals_are_reached_only_through_spark_jobs_jvm() -> None:
 def test_the_scan_reads_the_whole_repository() -> None:
     scanned = {str(p.relative_to(REPO)) for p in _sources(REPO)}
     for expected in (
-        "spark_jobs/live.py",
+        "spark_jobs/live/run.py",
         "benchmarks/stages.py",
         "tests/spark_jobs/test_spark_submit.py",
         "pipelines/ctr.py",

@@ -1,5 +1,5 @@
-"""A live batch's late records, as the SQL text its writers build once a batch (spark_jobs.
-live_writers): which records are late, and the reason a dead letter of one says."""
+"""A live batch's late records, as the SQL text its writers build once a batch
+(spark_jobs.live.records): which records are late, and the reason a dead letter of one says."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_jobs.live_writers import RECORD, late_reason_sql, late_sql, sql_name, sql_string
+from spark_jobs.live.records import RECORD, late_reason_sql, late_sql, sql_name, sql_string
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 from flow.pipeline.model import HandoffOutput, LiveStage, TableOutput
 from pipelines.ctr_streaming import ctr_streaming
 from spark_jobs.handoff import BUCKET, SHARDS_ARROW
-from spark_jobs.live_inplan import DEAD_RAW, DEAD_REASON, OUT_SCHEMA, unsupported, writer_tasks
+from spark_jobs.live.inplan import DEAD_RAW, DEAD_REASON, OUT_SCHEMA, unsupported, writer_tasks
 
 
 def _eligibility(

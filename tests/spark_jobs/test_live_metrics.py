@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_jobs.live import _kafka_lag
+from spark_jobs.live.supervise import _kafka_lag
 
 
 def test_lag_comes_from_the_kafka_sources_progress_and_the_worst_topic_wins() -> None:

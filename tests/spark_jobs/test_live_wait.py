@@ -13,7 +13,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.query import StreamingQuery
 
 from flow.pipeline.run import RunOptions
-from spark_jobs.live import LiveRun, StreamFailedError, _await, _Watch, backoff_s
+from spark_jobs.live.supervise import StreamFailedError, Supervisor, Watch, _await, backoff_s
 
 
 class StandIn:
@@ -70,8 +70,8 @@ def batch(batch_id: int, rows: int, state_rows: int, run: str = "r1") -> dict[st
 
 def wait(
     query: StandIn, stop: bool = False, options: RunOptions | None = None
-) -> tuple[_Watch, list[tuple[dict[str, float], int]], list[str]]:
-    watch = _Watch()
+) -> tuple[Watch, list[tuple[dict[str, float], int]], list[str]]:
+    watch = Watch()
     batches: list[tuple[dict[str, float], int]] = []
     said: list[str] = []
     _await(
@@ -153,23 +153,29 @@ def test_a_query_that_has_caught_up_ends_the_wait_without_a_stop() -> None:
     assert not query.stopped
 
 
-class Supervised(LiveRun):
-    """A LiveRun whose queries are stand-ins: the supervisor alone, no Spark."""
+class Supervised:
+    """The supervisor of a stage named ``live`` over stand-in queries: no Spark."""
 
     def __init__(self, queries: list[StandIn], max_restarts: int) -> None:
         self.options = RunOptions(max_restarts=max_restarts)
-        self.stage = cast(Any, SimpleNamespace(name="live"))
         self.queries = queries
         self.said: list[str] = []
         self.slept: list[float] = []
         self.logged: list[tuple[dict[str, float], int]] = []
-        self.progress = self.said.append
-        self.sleep = self.slept.append
-        self.stop = lambda: False
-        self.on_batch = lambda metrics, step: self.logged.append((metrics, step))
 
-    def start(self, checkpoint: Any, writer: Any, watch: Any) -> StreamingQuery:
+    def start(self, watch: Watch) -> StreamingQuery:
         return cast(StreamingQuery, self.queries.pop(0))
+
+    def supervise(self, watch: Watch) -> None:
+        supervisor = Supervisor(
+            "live",
+            self.options,
+            lambda metrics, step: self.logged.append((metrics, step)),
+            self.said.append,
+            lambda: False,
+            self.slept.append,
+        )
+        supervisor.run(lambda: self.start(watch), watch)
 
 
 TIMEOUT = "terminated with exception: org.apache.kafka.common.errors.TimeoutException: broker"
@@ -184,8 +190,8 @@ def test_a_failing_query_is_restarted_from_its_checkpoint_with_backoff() -> None
         ],
         max_restarts=5,
     )
-    watch = _Watch()
-    run.supervise(cast(Any, None), cast(Any, None), watch)
+    watch = Watch()
+    run.supervise(watch)
     assert watch.restarts == 2
     assert run.slept == [backoff_s(1), backoff_s(2)] == [2.0, 4.0]
     assert len(run.said) == 2
@@ -198,7 +204,7 @@ def test_a_failing_query_is_restarted_from_its_checkpoint_with_backoff() -> None
 def test_the_supervisor_gives_up_after_its_bound_with_one_line() -> None:
     run = Supervised([StandIn([], error=TIMEOUT) for _ in range(3)], max_restarts=2)
     with pytest.raises(StreamFailedError, match=r"gave up after 2 restart\(s\)") as failed:
-        run.supervise(cast(Any, None), cast(Any, None), _Watch())
+        run.supervise(Watch())
     assert "\n" not in str(failed.value)
     assert run.slept == [2.0, 4.0]
 
@@ -207,7 +213,7 @@ def test_the_supervisor_does_not_retry_an_error_of_the_pipeline() -> None:
     error = "terminated with exception: flow.errors.ConfigError: column 'price' is missing"
     run = Supervised([StandIn([], error=error)], max_restarts=5)
     with pytest.raises(StreamFailedError, match="column 'price' is missing"):
-        run.supervise(cast(Any, None), cast(Any, None), _Watch())
+        run.supervise(Watch())
     assert run.slept == []
 
 
@@ -226,7 +232,7 @@ def test_a_full_disk_stops_the_stage_at_once_naming_the_cause_and_what_to_change
     full = VAGUE + "\n  File 'x.py', line 1\nOSError: [Errno 28] No space left on device\n"
     run = Supervised([StandIn([], error=full)], max_restarts=5)
     with pytest.raises(StreamFailedError) as failed:
-        run.supervise(cast(Any, None), cast(Any, None), _Watch())
+        run.supervise(Watch())
     message = str(failed.value)
     assert message.startswith("live stage 'live' stopped, not restarted: OSError: [Errno 28] No")
     assert "free space where the stage writes" in message
@@ -236,15 +242,15 @@ def test_a_full_disk_stops_the_stage_at_once_naming_the_cause_and_what_to_change
 
 def test_the_batch_functions_own_exception_names_the_cause_spark_hides() -> None:
     class Refusing(Supervised):
-        def start(self, checkpoint: Any, writer: Any, watch: Any) -> StreamingQuery:
-            query = super().start(checkpoint, writer, watch)
-            # As _recording does when the batch function raises on the driver.
+        def start(self, watch: Watch) -> StreamingQuery:
+            query = super().start(watch)
+            # As recording does when the batch function raises on the driver.
             watch.batch_error = PermissionError(13, "Permission denied", "/h/live/commits/7")
             return query
 
     run = Refusing([StandIn([], error=VAGUE)], max_restarts=5)
     with pytest.raises(StreamFailedError, match=r"PermissionError: \[Errno 13\] Permission"):
-        run.supervise(cast(Any, None), cast(Any, None), _Watch())
+        run.supervise(Watch())
     assert run.slept == []
 
 
@@ -252,6 +258,6 @@ def test_the_duration_counts_from_the_first_start_not_from_each_restart() -> Non
     run = Supervised([StandIn([], error=TIMEOUT) for _ in range(3)], max_restarts=5)
     run.options = RunOptions(mode="continuous", max_restarts=5, duration_s=1e-9)
     with pytest.raises(StreamFailedError, match=r"--duration of 0s ran out, after 0 restart"):
-        run.supervise(cast(Any, None), cast(Any, None), _Watch())
+        run.supervise(Watch())
     assert run.slept == []
     assert len(run.queries) == 2, "not started again once the duration was spent"

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from flow.storage import location
-from spark_jobs.pending_ledger import PendingLedger
+from spark_jobs.live.pending_ledger import PendingLedger
 
 
 class _Ledger:

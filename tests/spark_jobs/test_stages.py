@@ -23,8 +23,7 @@ from pyspark.sql import functions as F
 
 from flow.config import StackConfig
 from flow.errors import ConfigError
-from flow.handoff import Channel
-from flow.handoff.channel import Commit
+from flow.handoff import Channel, Commit
 from flow.pipeline import (
     BackfillStage,
     Cross,
@@ -48,12 +47,15 @@ from flow.pipeline import (
 from flow.pipeline.state import FeatureState, states_location
 from flow.stack.iceberg import open_catalog
 from flow.stack.kafka import ensure_topics, producer
-from spark_jobs import backfill, live
+from spark_jobs import backfill
 from spark_jobs.backfill import run_backfill
 from spark_jobs.features import training_rows
 from spark_jobs.jvm import executed_plan
-from spark_jobs.live import StreamFailedError, run_live
-from spark_jobs.live_inplan import unsupported
+from spark_jobs.live import run as live_run
+from spark_jobs.live import run_live
+from spark_jobs.live.inplan import unsupported
+from spark_jobs.live.plan import TRACK_STATE_ROWS, LiveQuery
+from spark_jobs.live.supervise import StreamFailedError
 from spark_jobs.report import StageReport
 from spark_jobs.rows import dead_letter_table, training_table
 from spark_jobs.sinks import BatchLedger, append_once, writer_totals
@@ -455,12 +457,10 @@ def test_a_live_stage_reads_each_topic_once_a_batch(
     pipeline = world.pipeline(strategy)
     stage = pipeline.stage("live", LiveStage)
     _two_impressions_a_bad_record_and_a_click(world)
-    stage_run = live.LiveRun(
-        spark, pipeline, stage, world.stack, RunOptions(), print, lambda _m, _b: None, lambda: False
-    )
+    stage_query = LiveQuery(spark, world.stack, pipeline, stage, RunOptions())
     seen: list[int] = []
     query = (
-        stage_run.stream_frame()
+        stage_query.stream_frame()
         .writeStream.foreachBatch(lambda batch, _id: seen.append(batch.count()))
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .trigger(availableNow=True)
@@ -478,7 +478,8 @@ def test_a_full_disk_stops_a_live_stage_at_once_and_its_last_line_names_it(
     """The default path's training commit (immediate labels) meets a full disk: Spark passes
     the batch function's error on as a traceback's text; the stage's error names the cause and
     what to change in one line and restarts nothing. (Both writers are called through the same
-    recording wrapper, LiveRun.start; the window strategy's passed too, left out for CI's time.)"""
+    recording wrapper, LiveQuery.start; the window strategy's passed too, left out for CI's
+    time.)"""
     world = live_world
     pipeline = world.pipeline("immediate")
     stage = pipeline.stage("live", LiveStage)
@@ -505,7 +506,7 @@ def test_a_full_disk_stops_a_live_stage_at_once_and_its_last_line_names_it(
 def test_a_live_stage_writing_inside_its_plan_reads_each_topic_once_a_batch(
     spark: SparkSession, live_world: Lake
 ) -> None:
-    """With its writes inside the streaming plan (spark_jobs.live_inplan) the stage still reads
+    """With its writes inside the streaming plan (spark_jobs.live.inplan) the stage still reads
     each topic once: Spark's count of the rows it scanned equals the records counted, and the
     counts reconcile."""
     world = live_world
@@ -693,7 +694,7 @@ def test_what_is_pending_is_checked_against_the_events_the_label_join_holds(
     for impressions, clicks, held, pending in rounds:
         world.send("impressions", impressions)
         world.send("clicks", clicks)
-        report = live.LiveRun(
+        report = live_run.LiveRun(
             spark,
             pipeline,
             replace(stage),
@@ -706,7 +707,7 @@ def test_what_is_pending_is_checked_against_the_events_the_label_join_holds(
         assert (report.pending_bound, report.pending) == (held, pending)
         assert report.extra["events_in_join"] == held
         assert report.reconciled
-    assert spark.conf.get(live.TRACK_STATE_ROWS) == "false"
+    assert spark.conf.get(TRACK_STATE_ROWS) == "false"
     assert metrics
     assert not [m for m in metrics if "state_rows" in m]  # Spark's count would say 0
     assert {k: r["label"] for k, r in rows_of(world, "live").items()} == {

@@ -1,7 +1,8 @@
 """A live stage's writes inside its streaming plan: one Spark job a micro-batch.
 
-The stage's query plans its writes once per run, not once per batch (spark_jobs.live_writers
-does, over a cached batch, in three jobs). Its plan is the union of
+The stage's query plans its writes once per run, not once per batch
+(spark_jobs.live.stream_writer does, over a cached batch, in three jobs). Its plan is the union
+of
 
 * **the training rows' writers**: the label join's rows, enriched with the dimension tables
   (cached; see *Dimensions* below), their derived columns and features, go to ``mapInArrow``
@@ -17,9 +18,9 @@ does, over a cached batch, in three jobs). Its plan is the union of
 
 The ``foreachBatch`` runs that one job, collects the shards' list and the dead letters, commits
 the shards to the channel, and appends the dead letters with the batch's counts to the ledger
-while the next batch runs (kept as a file until then: spark_jobs.pending_ledger).
+while the next batch runs (kept as a file until then: spark_jobs.live.pending_ledger).
 The counts: the records read per source and the keys each enrichment did not find are the
-plan's ``observe`` metrics (read from the batch's executed plan, spark_jobs.batch_facts), the
+plan's ``observe`` metrics (read from the batch's executed plan, spark_jobs.live.batch_facts), the
 invalid, late and unusable ones are the dead letters counted, the duplicates the operators'
 metrics, as before. Each commit is made once per batch id (a replay writes nothing twice): the
 writer tasks of a batch the channel already has write nothing.
@@ -52,7 +53,6 @@ from flow.pipeline.model import HandoffOutput, LiveStage, Pipeline
 from flow.pipeline.sources import DeltaSource, KafkaSource
 from flow.storage import Location
 from spark_jobs.arrow_batches import restore, size_batches
-from spark_jobs.batch_facts import dropped_rows, late_threshold_ms, observed_metrics
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
 from spark_jobs.handoff import (
@@ -66,17 +66,11 @@ from spark_jobs.handoff import (
 )
 from spark_jobs.joins import FOUND_PREFIX, dedup_kind
 from spark_jobs.jvm import set_local_property
-from spark_jobs.live_writers import (
-    KIND,
-    RECORD,
-    late_reason_sql,
-    late_sql,
-    sql_name,
-    sql_string,
-)
+from spark_jobs.live.batch_facts import dropped_rows, late_threshold_ms, observed_metrics
+from spark_jobs.live.pending_ledger import FOLDER as PENDING
+from spark_jobs.live.pending_ledger import PendingLedger
+from spark_jobs.live.records import KIND, RECORD, late_reason_sql, late_sql, sql_name, sql_string
 from spark_jobs.outputs import HandoffSink
-from spark_jobs.pending_ledger import FOLDER as PENDING
-from spark_jobs.pending_ledger import PendingLedger
 from spark_jobs.rows import missing, unusable_reason
 from spark_jobs.sinks import BatchLedger, dead_letter_rows
 from spark_jobs.stage import enriched
@@ -116,7 +110,7 @@ _LETTERS = pa.schema(
         ("reason", pa.string()),
     ]
 )
-"""A batch's dead letters as it keeps them (spark_jobs.pending_ledger): the dead-letter table's
+"""A batch's dead letters as it keeps them (spark_jobs.live.pending_ledger): the dead-letter table's
 columns but the pipeline, stage and when recorded, which the append adds."""
 _KAFKA_US = "_kafka_timestamp_us"
 OUT_SCHEMA = pa.schema(
@@ -352,7 +346,7 @@ class InPlanWriter:
             n for k, n in counts.items() if k.startswith("flow.input.")
         )
         # The dead letters and counts are kept (a file) before the training commit, and appended
-        # to the ledger while the next batch runs (spark_jobs.pending_ledger).
+        # to the ledger while the next batch runs (spark_jobs.live.pending_ledger).
         ledger_due = batch_id > self.ledger.last
         if ledger_due:
             self.pending.keep(batch_id, _letters(found), counts)
@@ -405,7 +399,8 @@ class InPlanWriter:
         )
 
     def _counts(self, found: Sequence[Any]) -> dict[str, int]:
-        """The batch's counts, as the ledger's commit carries them (spark_jobs.live_writers)."""
+        """The batch's counts, as the ledger's commit carries them
+        (spark_jobs.live.stream_writer)."""
         observed = observed_metrics(self.spark, self.query_name)
         counts: Counter[str] = Counter()
         for place, (name, _) in enumerate(self.sources):

@@ -1,15 +1,15 @@
 """What a micro-batch's own Spark jobs are doing, read on the driver while they run.
 
-A live stage's writer (spark_jobs.live_writers) runs its counts job first: that job runs the
-stateful operators and fills the batch's cache. Its other work waits on two moments of that job,
-not on its end: the planning of the writes starts once the job is submitted (so that it does not
-compete with Spark planning that job), and the export's job once every partition of the cache is
-stored (the export then reads the cache while the counts job finishes its aggregation, instead
-of starting after it). Both are polled: Spark tells Python of neither.
+A live stage's writer (spark_jobs.live.stream_writer) runs its counts job first: that job runs
+the stateful operators and fills the batch's cache. Its other work waits on two moments of that
+job, not on its end: the planning of the writes starts once the job is submitted (so that it
+does not compete with Spark planning that job), and the export's job once every partition of
+the cache is stored (the export then reads the cache while the counts job finishes its
+aggregation, instead of starting after it). Both are polled: Spark tells Python of neither.
 
 Why not submit the export at once: a job that reaches a partition of the cache before the counts
 job does computes it, the stateful operators with it, and their metrics (the duplicates they
-dropped, spark_jobs.batch_facts) would then come in after the counts job is done.
+dropped, spark_jobs.live.batch_facts) would then come in after the counts job is done.
 """
 
 from __future__ import annotations

@@ -20,10 +20,11 @@ And one fact for the stage's report, read once at its end: **the events the labe
 (:func:`events_in_join`), the rows of the join's event side in the checkpoint's state, read by
 Spark's state data source. Every event neither emitted nor a dead letter must be among them:
 the bound that tells "pending" from "lost". (Spark's running count of state rows would give it
-too, but its RocksDB store pays a read before every write for it: spark_jobs.live turns it off.)
+too, but its RocksDB store pays a read before every write for it: spark_jobs.live.plan turns it
+off.)
 
 The first two were checked on Spark 4.1 against the query progress Spark reports after each batch
-(tests/spark_jobs/test_live_faults.py keeps checking them).
+(tests/faults/test_live_faults.py keeps checking them).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """What a live stage's streaming query does with each micro-batch (its ``foreachBatch``), where
-its writes cannot be in the streaming plan itself (spark_jobs.live_inplan says which stages).
+its writes cannot be in the streaming plan itself (spark_jobs.live.inplan says which stages).
 
-The query hands over two kinds of rows in one batch (``_kind``): every record the batch read
-from Kafka, in the dead-letter layout with its reason ('' if valid) and its event time
-(``record``), and the rows the label join emitted (``row``). The writer accounts for every
-record in the batch's commit: counted per source, the invalid ones (malformed, out-of-range event
-time) and the late ones (at or before the late-event watermark, which Spark's operators drop)
-written as dead letters with their reason, the duplicates Spark dropped counted; and it
-enriches, featurizes and appends the joined rows.
+The query hands over two kinds of rows in one batch (``_kind``, spark_jobs.live.records): every
+record the batch read from Kafka, in the dead-letter layout with its reason ('' if valid) and its
+event time (``record``), and the rows the label join emitted (``row``). The writer accounts for
+every record in the batch's commit: counted per source, the invalid ones (malformed,
+out-of-range event time) and the late ones (at or before the late-event watermark, which
+Spark's operators drop) written as dead letters with their reason, the duplicates Spark dropped
+counted; and it enriches, featurizes and appends the joined rows.
 
 Three Spark jobs a batch, each over the batch enriched and cached once: one aggregation (it runs
 the stateful operators, so it comes first) counts the records per source, the invalid and late
@@ -17,7 +17,7 @@ export, the dead letters are appended with the counts in the same Iceberg commit
 eight jobs one after another: a count, a second cache of the records, their counts, the
 positives, the unusable rows twice; 10.2 s -> 8.0 s a batch of 50,000 on 2 cores.) The
 writes are planned on the driver while the counts job runs, and the export's job starts once
-that job has filled the cache, while it finishes its aggregation (spark_jobs.job_watch); the
+that job has filled the cache, while it finishes its aggregation (spark_jobs.live.job_watch); the
 dead letters wait for the counts, which their commit carries.
 
 Structured Streaming may run a batch id again after a failure; the writer commits a batch id once
@@ -39,101 +39,23 @@ from pyspark.sql import functions as F
 from flow.pipeline.model import LiveStage
 from flow.pipeline.sources import KafkaSource
 from flow.storage import Location
-from spark_jobs.batch_facts import dropped_rows, late_threshold_ms
-from spark_jobs.constants import batch_value_sql
 from spark_jobs.dimensions import Dimensions
 from spark_jobs.features import Featurizer
-from spark_jobs.job_watch import JobWatch, cache_loaded, wait_until
 from spark_jobs.joins import dedup_kind
+from spark_jobs.live.batch_facts import dropped_rows, late_threshold_ms
+from spark_jobs.live.job_watch import JobWatch, cache_loaded, wait_until
+from spark_jobs.live.records import EVENT_TIME, KIND, RECORD, late_reason, late_sql
 from spark_jobs.outputs import TrainingSink
 from spark_jobs.rows import missing, unusable_letters, unusable_reason
 from spark_jobs.sinks import BatchLedger, dead_letter_rows
 from spark_jobs.stage import enriched
-from spark_jobs.validate import DEAD_LETTER_COLUMNS, REASON
+from spark_jobs.validate import REASON
 
-__all__ = [
-    "EVENT_TIME",
-    "KIND",
-    "RECORD",
-    "BatchWriter",
-    "StreamWriter",
-    "late_reason",
-    "late_reason_sql",
-    "late_sql",
-    "record_column",
-    "sql_name",
-    "sql_string",
-]
+__all__ = ["BatchWriter", "StreamWriter"]
 
 BatchWriter = Callable[[DataFrame, int], None]
-KIND = "_kind"
-"""Which rows of a batch are records read (``record``) and which joined rows (``row``)."""
-RECORD = "_record"
-"""A record's dead-letter columns, reason and event time, as one struct (no name can clash
-with the events' own columns in the union)."""
-EVENT_TIME = "event_time"
-"""The record's typed event time, inside :data:`RECORD`."""
 _SOURCE, _INVALID, _LATE = "_source", "_invalid", "_late"
 """A record's source, and whether it is invalid or late, beside it (StreamWriter._accounted)."""
-
-
-def record_column(event_time: str) -> Column:
-    """The :data:`RECORD` struct of a parsed source's rows (see spark_jobs.validate)."""
-    return F.struct(
-        *DEAD_LETTER_COLUMNS[:-1], F.col(REASON), F.col(event_time).alias(EVENT_TIME)
-    ).alias(RECORD)
-
-
-def sql_string(text: str) -> str:
-    """``text`` as a Spark SQL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def sql_name(*parts: str) -> str:
-    """A column (or a struct's field: several parts) named in Spark SQL text."""
-    return ".".join("`" + part.replace("`", "``") + "`" for part in parts)
-
-
-_DELAY_SAID = sql_string(" (the source's watermark delay is ")
-
-
-def late_sql(threshold_ms: int) -> str:
-    """Whether a record (of :data:`RECORD`) is valid but at or before the threshold."""
-    event_time = sql_name(RECORD, EVENT_TIME)
-    return (
-        f"({sql_name(RECORD, REASON)} = '' AND {event_time} IS NOT NULL "
-        f"AND unix_millis({event_time}) <= {batch_value_sql(threshold_ms)})"
-    )
-
-
-def late_reason_sql(
-    threshold_ms: int, watermarks: dict[str, str], record: str | None = None
-) -> str:
-    """A late record's reason, as Spark SQL text over the record's fields (those of the struct
-    ``record``, or columns of their own)."""
-    field = (record,) if record else ()
-    event_time, threshold = sql_name(*field, EVENT_TIME), batch_value_sql(threshold_ms)
-    delay = "CASE " + " ".join(
-        f"WHEN {sql_name(*field, 'source')} = {sql_string(source)} THEN {sql_string(watermark)}"
-        for source, watermark in watermarks.items()
-    )
-    delay = f"{delay} ELSE '' END" if watermarks else "''"
-    when = "'yyyy-MM-dd HH:mm:ss'"
-    return (
-        "concat('late: event time ', "
-        f"date_format({event_time}, {when}), ' is ', "
-        # 1000.0D: a double, as the seconds were before (1000.0 is a decimal in SQL, and
-        # format_number rounds a decimal's halves otherwise)
-        f"format_number(({threshold} - unix_millis({event_time})) / 1000.0D, 1), "
-        "' s behind the watermark ', "
-        f"date_format(timestamp_millis({threshold}), {when}), "
-        f"{_DELAY_SAID}, {delay}, ')')"
-    )
-
-
-def late_reason(threshold_ms: int, watermarks: dict[str, str]) -> Column:
-    """A late record's reason, over its fields as columns of their own."""
-    return F.expr(late_reason_sql(threshold_ms, watermarks))
 
 
 class StreamWriter:
@@ -174,7 +96,7 @@ class StreamWriter:
         # The writes are planned (the features' joins, the dead letters, the channel's checks,
         # the export's plan: Python and Spark's analysis on the driver, ~1 s a batch) in a thread
         # once the counts job is submitted, and the export's job starts once the counts job has
-        # stored every partition of the cache (spark_jobs.job_watch says why not sooner); the
+        # stored every partition of the cache (spark_jobs.live.job_watch says why not sooner); the
         # dead letters wait for the counts, which their commit carries. inheritable_thread_target:
         # their jobs keep the streaming batch's properties.
         run = inheritable_thread_target(self.spark)
