@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from flow.tracking.base import PARENT_RUN_ENV, MetricPoint, Run, stack_versions
+from flow.tracking.experiments import runs_url, training_experiment
 
 __all__ = ["CLIENT_LIMITS", "MlflowTracker", "bound_client_calls"]
 
@@ -86,11 +87,23 @@ class MlflowTracker:
         bound_client_calls()
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id: str = (
-            found.experiment_id if found else self.client.create_experiment(experiment)
-        )
+        self.experiment = experiment
+        self._experiment_id: str | None = None
         self._parent: _MlflowRun | None = None
+
+    @property
+    def experiment_id(self) -> str:
+        """The id of the experiment runs are created in, looked up or created (of the
+        machine-learning kind) on first use. A tracker that only attaches to another process's
+        run never makes one: an experiment with no runs would clutter the UI."""
+        if self._experiment_id is None:
+            self._experiment_id = training_experiment(self.client, self.experiment)
+        return self._experiment_id
+
+    def runs_url(self, run_id: str | None = None) -> str:
+        """The UI's page of run ``run_id`` (its stages listed as child runs), or of the
+        experiment's runs table, opened on the runs rather than MLflow 3's GenAI view."""
+        return runs_url(self.tracking_uri, self.experiment_id, run_id)
 
     @contextlib.contextmanager
     def _run(self, name: str, tags: dict[str, str]) -> Iterator[_MlflowRun]:
@@ -140,7 +153,7 @@ class MlflowTracker:
     def attach(self, run_id: str) -> Iterator[Run]:
         """An existing run (another process's pipeline run) as the parent of the stages opened
         inside; it is neither created nor ended here."""
-        self.experiment_id = self.client.get_run(run_id).info.experiment_id  # nest in its UI
+        self._experiment_id = self.client.get_run(run_id).info.experiment_id  # nest in its UI
         self._parent = _MlflowRun(self.client, run_id, self.tracking_uri)
         try:
             yield self._parent
