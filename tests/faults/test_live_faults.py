@@ -561,6 +561,9 @@ def test_the_long_run_five_driver_kills_and_a_three_minute_broker_outage_under_l
             time.sleep(max(0.0, second + 1 - (time.monotonic() - started)))
         sending["rate"] = seconds * per_second / (time.monotonic() - started)
 
+    def grown(before: int) -> Callable[[], bool]:
+        return lambda: commits(stack, namespace) > before + 1
+
     kills, outage, restarts = 0, 0.0, 0
     sender = threading.Thread(target=send, name="producer")
     try:
@@ -569,16 +572,13 @@ def test_the_long_run_five_driver_kills_and_a_three_minute_broker_outage_under_l
         sender.start()
         for _ in range(5):
             before = commits(stack, namespace)
-            wait_for(
-                lambda n=before: commits(stack, namespace) > n + 1, "commits after a start", 600
-            )
+            wait_for(grown(before), "commits after a start", 600)
             time.sleep(pick.uniform(0, 4))
             stage.kill()
             kills += 1
             stage.start()
         sender.join()
-        before = commits(stack, namespace)
-        wait_for(lambda: commits(stack, namespace) > before + 1, "commits after the kills", 600)
+        wait_for(grown(commits(stack, namespace)), "commits after the kills", 600)
         down = run_flow(["services", "down", "--only", "kafka"], stack_env)
         assert down.returncode == 0, down.stderr
         outage = time.monotonic()
