@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from typing import Literal
 import click
 from rich.markup import escape
 
-from flow.cli.common import console, friendly, progress, stack_config
+from flow.cli.common import console, friendly, out, progress, stack_config
 from flow.cli.jobs import spark_launcher
 from flow.cli.local import stack_up
 from flow.errors import FlowError
@@ -99,6 +100,7 @@ def demo(
     is_flag=True,
     help="Start a Spark driver of its own even when a warm one (flow driver start) could run it.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout.")
 @friendly
 def retrain(
     app: str,
@@ -107,14 +109,18 @@ def retrain(
     holdout_share: float,
     train_args: str,
     cold: bool,
+    as_json: bool,
 ) -> None:
     """Retrain APP's model on the Iceberg snapshots appended since the last retraining.
 
     Warm-starts from the registry's champion, evaluates on held-out buckets of the new rows,
     and moves the champion alias only if the new model is not worse by more than --margin.
     Its Spark job runs on the warm driver when one runs (flow driver start) and can take it.
+
+    Exit code: 0 promoted, 3 kept (the champion stays), 4 nothing new, 5 busy (another
+    retraining of the pipeline is running), 1 an error.
     """
-    from flow.workflows.retrain import RetrainSettings, load_pipeline
+    from flow.workflows.retrain import EXIT_CODES, RetrainSettings, load_pipeline
     from flow.workflows.retrain import retrain as run_retrain
 
     stack = stack_up()
@@ -122,7 +128,16 @@ def retrain(
     settings = RetrainSettings(name, margin, holdout_share, train_args)
     launcher = spark_launcher(stack, warm=not cold)
     outcome = run_retrain(stack, app, settings, launcher, progress)
-    console.print(f"retrain {escape(name)}: [bold]{outcome.outcome}[/] ({escape(outcome.reason)})")
+    code = EXIT_CODES[outcome.outcome]
+    if as_json:
+        click.echo(json.dumps({"model": name, **dataclasses.asdict(outcome), "exit_code": code}))
+    else:
+        out.print(
+            f"retrain {escape(name)}: [bold]{outcome.outcome}[/] ({escape(outcome.reason)}); "
+            f"MLflow run {outcome.run_id or '-'}; exit {code}",
+            highlight=False,
+        )
+    raise SystemExit(code)
 
 
 @click.command()
@@ -148,7 +163,10 @@ def schedule(
     def job() -> int:
         return subprocess.call(command)
 
-    Scheduler(parsed, job, log, say=progress).run(max_runs)
+    from flow.workflows.retrain import EXIT_CODES
+
+    outcomes = {code: outcome for outcome, code in EXIT_CODES.items()}
+    Scheduler(parsed, job, log, say=progress, outcomes=outcomes).run(max_runs)
 
 
 @click.command()
