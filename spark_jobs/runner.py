@@ -185,4 +185,7 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
         parent.log_dict([dataclasses.asdict(r) for r in reports], "counts.json")
         parent.log_metrics({"reconciled": float(all(r.reconciled for r in reports))})
     _summary(reports)
+    run_id = getattr(parent, "run_id", None)
+    if isinstance(tracker, MlflowTracker) and run_id:  # what `flow insight RUN_ID` takes
+        _say(f"MLflow run {run_id}: {tracker.runs_url(run_id)}")
     return reports
