@@ -530,6 +530,7 @@ def commits(stack: StackConfig, namespace: str) -> int:
 
 
 @pytest.mark.skipif(not LONG, reason="the long fault run (~20 min a strategy): LONG_FAULTS=1")
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_long_run_five_driver_kills_and_a_three_minute_broker_outage_under_load(
     running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path, strategy: Strategy
@@ -539,15 +540,18 @@ def test_the_long_run_five_driver_kills_and_a_three_minute_broker_outage_under_l
     committing again after its restart; then the broker stopped for three minutes while the
     stage runs; then every record accounted for.
 
-        LONG_FAULTS=1 .venv/bin/pytest tests/faults -k long_run
+        LONG_FAULTS=1 .venv/bin/pytest tests/faults -k long_run --basetemp=/tmp/long-faults
+
+    (``--basetemp``: pytest keeps three base folders, so other pytest runs meanwhile would
+    delete this one's logs and figures.)
     """
     stack = running_stack
     namespace = new_namespace(stack)
     pick = random.Random(11)
     # Event time: 0.3 s apart (2.5 hours for 30,000), ending well in the past.
     events = Producer(stack.kafka, namespace, base=datetime.now(UTC) - timedelta(minutes=240))
-    # Batches of up to 1,000 impressions: the suite's default of 50 would take the run an hour.
-    extra = ("--per-batch", "1000", "--max-restarts", "20")
+    # Batches of up to 2,000 impressions: the suite's default of 50 would take the run hours.
+    extra = ("--per-batch", "2000", "--max-restarts", "20")
     stage = Stage(stack_env, namespace, tmp_path / "stage.log", strategy, *extra)
     seconds, per_second = 150, 200
     sending: dict[str, float] = {}
