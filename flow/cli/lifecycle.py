@@ -81,9 +81,10 @@ def demo(
     console.print(f"  reproduce: {escape(size.command())}", highlight=False, soft_wrap=True)
     from flow.insight import run_insight
 
-    for name, report in run_insight(stack, parent):
-        console.print(f"  insight, {escape(name)}: {escape(report.findings[0])}", highlight=False)
-        summary[f"insight_{name}"] = report.findings
+    for made in run_insight(stack, parent):
+        first = made.insight.findings[0]
+        console.print(f"  insight, {escape(made.name)}: {escape(first)}", highlight=False)
+        summary[f"insight_{made.name}"] = made.insight.findings
     console.print(f"done in {time.monotonic() - started:.0f}s")
     if as_json:
         click.echo(json.dumps(summary))
@@ -181,7 +182,7 @@ def insight(run_id: str | None, location: str | None, channel: str | None) -> No
     and commits that run read; the report goes into its artifacts too.
     """
     from flow.cli.channels import resolve
-    from flow.insight import channel_insight, run_insight
+    from flow.insight import InsightReport, channel_insight, run_insight
 
     stack = stack_config()
     if run_id:
@@ -189,11 +190,15 @@ def insight(run_id: str | None, location: str | None, channel: str | None) -> No
     elif location and channel:
         where = resolve(location).uri
         report, folder = channel_insight(stack, where, channel)
-        found = [(channel, report)]
-        console.print(f"report: {escape(str(folder / 'report.html'))}")
+        found = [InsightReport(channel, report, folder)]
     else:
         raise FlowError("give a trainer's MLflow RUN_ID, or --location and --channel")
-    for name, report in found:
-        console.print(f"[bold]{escape(name)}[/]: {report.profile.rows:,} rows", highlight=False)
-        for line in report.findings:
-            console.print(f"  - {escape(line)}", highlight=False)
+    for made in found:
+        out.print(
+            f"[bold]{escape(made.name)}[/]: {made.insight.profile.rows:,} rows", highlight=False
+        )
+        for line in made.insight.findings:
+            out.print(f"  - {escape(line)}", highlight=False)
+        out.print(f"  report: {escape(str(made.folder / 'report.html'))}", highlight=False)
+        if made.artifacts:
+            out.print(f"  in MLflow: run {escape(made.artifacts)}", highlight=False)
