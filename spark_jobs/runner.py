@@ -125,14 +125,13 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
     for stage in chosen:
         fits = isinstance(stage, BackfillStage) and stage.fit and options.feature_state is None
         check_outputs(stack, pipeline, stage, fits=fits)
+    tracker: Tracker = NullTracker()
+    if options.tracking:  # an unreachable server is one line now, not a traceback after Spark
+        tracker = mlflow = MlflowTracker(stack.mlflow.tracking_uri, f"pipeline-{pipeline.name}")
+        mlflow.check()
     spark = get_session(stack, app_name=f"flow-{pipeline.name}")
     for stage in chosen:  # likewise: a later stage's Derived that Spark cannot resolve
         check_derived(spark, pipeline, stage)
-    tracker: Tracker = (
-        MlflowTracker(stack.mlflow.tracking_uri, f"pipeline-{pipeline.name}")
-        if options.tracking
-        else NullTracker()
-    )
     reports: list[StageReport] = []
     definition = describe(pipeline)
     params = {
@@ -186,4 +185,7 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
         parent.log_dict([dataclasses.asdict(r) for r in reports], "counts.json")
         parent.log_metrics({"reconciled": float(all(r.reconciled for r in reports))})
     _summary(reports)
+    run_id = getattr(parent, "run_id", None)
+    if isinstance(tracker, MlflowTracker) and run_id:  # what `flow insight RUN_ID` takes
+        _say(f"MLflow run {run_id}: {tracker.runs_url(run_id)}")
     return reports

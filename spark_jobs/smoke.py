@@ -263,9 +263,7 @@ def run_smoke(spec: SmokeCheck, stack: StackConfig) -> SmokeReport:
         parent.log_metrics({"reconciled": float(report.reconciled)})
         parent.log_dict(counts, "counts.json")
 
-    report.mlflow_url = (
-        f"{stack.mlflow.tracking_uri}/#/experiments/{tracker.experiment_id}/runs/{parent.run_id}"
-    )
+    report.mlflow_url = tracker.runs_url(parent.run_id)
     _print(report)
     return report
 

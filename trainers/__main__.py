@@ -16,9 +16,14 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flow.console import DEBUG_FLAG, debug_requested, report_error
 from flow.errors import FlowError
+
+if TYPE_CHECKING:  # torch loads only when a command runs
+    from trainers.result import TrainResult
 
 COMMANDS = ("train", "doctor")
 
@@ -54,8 +59,29 @@ def _train(argv: list[str]) -> int:
         written = {**summary, "freshness_produced_series": freshness_series(result)}
         config.result_file.write_text(json.dumps(written, indent=2, default=str))
     if result.leader:
-        print("trainer: " + json.dumps(summary, default=str))
+        print(headline(result, config.result_file), flush=True)
+        if config.result_file is None:  # the whole result, for scripts, where no file holds it
+            print("trainer: " + json.dumps(summary, default=str))
     return 0
+
+
+def headline(result: TrainResult, result_file: Path | None) -> str:
+    """The run in one line a person reads: how much, how fast, how good, where the rest is."""
+    figures = [f"{result.steps:,} steps", f"{result.rows:,} rows"]
+    if result.seconds:
+        figures.append(f"{result.samples_per_s:,.0f} samples/s")
+    for name in ("eval_auc", "run_progressive_auc"):
+        if name in result.metrics:
+            figures.append(f"{name.replace('run_', '')} {result.metrics[name]:.4f}")
+            break
+    said = "trainer: done, " + ", ".join(figures)
+    if result.run_id:
+        said += f"; MLflow run {result.run_id}"
+    if result.model_version:
+        said += f" (model version {result.model_version})"
+    if result_file is not None:
+        said += f"; the whole result in {result_file}"
+    return said
 
 
 def main(argv: list[str]) -> int:

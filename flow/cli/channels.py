@@ -1,25 +1,26 @@
 """``flow handoff``: look at and tend handoff channels.
 
-    flow handoff ls [LOCATION]                 channels, commits, rows, unread bytes
-    flow handoff show LOCATION CHANNEL         schema, layout, recent commits, consumers
-    flow handoff verify LOCATION CHANNEL       shards, commits and their sequence: what is lost
+    flow handoff ls [LOCATION] [--json]        channels, commits, rows, unread bytes
+    flow handoff show LOCATION CHANNEL [--json]   schema, layout, recent commits, consumers
+    flow handoff verify LOCATION CHANNEL [--json] shards, commits and their sequence: what is lost
     flow handoff close LOCATION CHANNEL        tell followers the producer has finished
     flow handoff retire LOCATION CHANNEL       delete shards every consumer group has read
     flow handoff drop LOCATION CHANNEL --yes   delete the channel
 
 LOCATION is a pipeline namespace (a folder under $FLOW_HANDOFF), a path, or a URI (s3://...).
+Results go to stdout (tables, or JSON with ``--json``); errors to stderr.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
-from flow.cli.common import console, friendly, stack_config
+from flow.cli.common import console, emit_json, friendly, out, stack_config
 from flow.errors import ChannelNotFoundError, FlowError
 
 if TYPE_CHECKING:  # pyarrow loads inside the commands: `flow --help` stays instant
@@ -80,10 +81,14 @@ def handoff() -> None:
     """Look at and tend handoff channels (see ``flow handoff ls``)."""
 
 
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+
+
 @handoff.command("ls")
 @click.argument("where", required=False)
+@_JSON
 @friendly
-def ls(where: str | None) -> None:
+def ls(where: str | None, as_json: bool) -> None:
     """Channels of LOCATION (a namespace, path or URI); every namespace when omitted."""
     from flow.handoff.channel import Channel, list_channels
     from flow.storage import location
@@ -94,12 +99,24 @@ def ls(where: str | None) -> None:
         namespaces = (root.child(name) for name in root.list(folders=True))
         places += [space for space in namespaces if list_channels(space)]
         if not places:
-            console.print(f"no handoff channels under {escape(str(root))}")
+            if as_json:
+                emit_json([])
+            else:
+                console.print(f"no handoff channels under {escape(str(root))}")
             return
     else:
         places = [resolve(where)]
         if not places[0].exists():
             raise ChannelNotFoundError(f"handoff location {places[0]} does not exist")
+    if as_json:
+        emit_json(
+            [
+                {"location": str(place), **asdict(ChannelSummary.of(Channel(place, name)))}
+                for place in places
+                for name in list_channels(place)
+            ]
+        )
+        return
     for place in places:
         table = Table(title=escape(str(place)), title_justify="left")
         for header in ("channel", "commits", "rows", "on disk", "unread", "consumer groups"):
@@ -114,19 +131,23 @@ def ls(where: str | None) -> None:
                 _mb(s.unread_bytes),
                 str(s.groups),
             )
-        console.print(table)
+        out.print(table)
 
 
 @handoff.command("show")
 @click.argument("where")
 @click.argument("name")
 @click.option("--commits", "last", default=10, show_default=True, help="Recent commits to list.")
+@_JSON
 @friendly
-def show(where: str, name: str, last: int) -> None:
+def show(where: str, name: str, last: int, as_json: bool) -> None:
     """A channel's schema, layout, recent commits and consumer positions."""
     channel = _channel(where, name)
     meta = channel.meta()
-    console.print(
+    if as_json:
+        emit_json(_shown(channel, last))
+        return
+    out.print(
         f"[bold]{escape(name)}[/] in {escape(str(channel.root))}: {meta.num_buckets} buckets, "
         f"compression {meta.compression}"
         + (f" (level {meta.compression_level})" if meta.compression_level is not None else "")
@@ -135,14 +156,12 @@ def show(where: str, name: str, last: int) -> None:
         highlight=False,
     )
     for field in meta.schema:
-        console.print(f"  {escape(field.name)}: {escape(str(field.type))}", highlight=False)
+        out.print(f"  {escape(field.name)}: {escape(str(field.type))}", highlight=False)
     if meta.layout:
         dense, sparse = meta.layout.get("dense", []), meta.layout.get("sparse", [])
-        console.print(
-            f"  layout: {len(dense)} dense, {len(sparse)} sparse features", highlight=False
-        )
+        out.print(f"  layout: {len(dense)} dense, {len(sparse)} sparse features", highlight=False)
     if meta.feature_state:
-        console.print(f"  feature state: {escape(meta.feature_state)}", highlight=False)
+        out.print(f"  feature state: {escape(meta.feature_state)}", highlight=False)
     ids = channel.commit_ids()
     table = Table(title=f"last {min(last, len(ids))} of {len(ids)} commits", title_justify="left")
     for header in ("batch", "rows", "shards", "size", "event time", "committed", "sources"):
@@ -161,7 +180,7 @@ def show(where: str, name: str, last: int) -> None:
             escape(commit.committed_at[:19]),
             escape(sources[:80]),
         )
-    console.print(table)
+    out.print(table)
     positions = channel.positions()
     if positions:
         table = Table(title="consumer groups", title_justify="left")
@@ -175,7 +194,54 @@ def show(where: str, name: str, last: int) -> None:
                     str(p.consumed_upto),
                     escape(p.updated_at[:19]),
                 )
-        console.print(table)
+        out.print(table)
+
+
+def _shown(channel: Channel, last: int) -> dict[str, object]:
+    """What ``show`` prints, as data."""
+    meta = channel.meta()
+    ids = channel.commit_ids()
+    recent = []
+    for batch_id in ids[-last:]:
+        commit = channel.commit(batch_id)
+        recent.append(
+            {
+                "batch": batch_id,
+                "rows": commit.rows,
+                "shards": len(commit.shards),
+                "bytes": commit.bytes,
+                "retired": channel.retired(batch_id),
+                "event_time": commit.event_time,
+                "committed_at": commit.committed_at,
+                "sources": commit.source_positions,
+            }
+        )
+    return {
+        "channel": channel.name,
+        "location": str(channel.root),
+        "buckets": meta.num_buckets,
+        "compression": meta.compression,
+        "compression_level": meta.compression_level,
+        "created_at": meta.created_at,
+        "closed": channel.closed(),
+        "schema": {f.name: str(f.type) for f in meta.schema},
+        "layout": meta.layout,
+        "feature_state": meta.feature_state,
+        "commits": len(ids),
+        "recent_commits": recent,
+        "consumer_groups": {
+            group: [
+                {
+                    "rank": p.rank,
+                    "world_size": p.world_size,
+                    "consumed_upto": p.consumed_upto,
+                    "updated_at": p.updated_at,
+                }
+                for p in sorted(ranks, key=lambda p: p.rank)
+            ]
+            for group, ranks in sorted(channel.positions().items())
+        },
+    }
 
 
 @handoff.command("verify")
@@ -187,16 +253,28 @@ def show(where: str, name: str, last: int) -> None:
     show_default=True,
     help="Seconds an uncommitted batch above the last commit counts as still being written.",
 )
+@_JSON
 @friendly
-def verify(where: str, name: str, in_flight_grace: float) -> None:
+def verify(where: str, name: str, in_flight_grace: float, as_json: bool) -> None:
     """Check the channel against its commits: damaged shards, missing commits, orphan shards,
     row counts. One line per problem and a summary; exit 1 if there is any problem."""
     report = _channel(where, name).verify(in_flight_grace=in_flight_grace)
-    for problem in report.problems:
-        console.print(
-            f"[red]{problem.kind}:[/] {escape(problem.message)}", highlight=False, soft_wrap=True
+    if as_json:
+        emit_json(
+            {
+                "ok": report.ok,
+                "summary": report.summary(),
+                "problems": [{"kind": p.kind, "message": p.message} for p in report.problems],
+            }
         )
-    console.print(escape(report.summary()), highlight=False, soft_wrap=True)
+    else:
+        for problem in report.problems:
+            out.print(
+                f"[red]{problem.kind}:[/] {escape(problem.message)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        out.print(escape(report.summary()), highlight=False, soft_wrap=True)
     if not report.ok:
         raise SystemExit(1)
 

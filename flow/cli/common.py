@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
+from rich.console import Console
 from rich.markup import escape
 
 from flow.config import StackConfig
@@ -15,9 +18,19 @@ from flow.console import console as make_console
 from flow.console import debug_requested
 from flow.errors import FlowError
 
-__all__ = ["console", "friendly", "progress", "stack_config"]
+__all__ = ["console", "emit_json", "friendly", "out", "progress", "stack_config"]
 
 console = make_console()
+"""Progress, warnings and errors: stderr."""
+out = Console(width=None if sys.stdout.isatty() else 120)
+"""A command's result (its tables, its summary): stdout, so that `| grep` and scripts see it."""
+
+
+def emit_json(data: object) -> None:
+    """A command's result as JSON on stdout (``--json``): one document, nothing else there."""
+    print(json.dumps(data, indent=2, default=str), flush=True)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from typing import Literal
 import click
 from rich.markup import escape
 
-from flow.cli.common import console, friendly, progress, stack_config
+from flow.cli.common import console, friendly, out, progress, stack_config
 from flow.cli.jobs import spark_launcher
 from flow.cli.local import stack_up
 from flow.errors import FlowError
@@ -80,9 +81,10 @@ def demo(
     console.print(f"  reproduce: {escape(size.command())}", highlight=False, soft_wrap=True)
     from flow.insight import run_insight
 
-    for name, report in run_insight(stack, parent):
-        console.print(f"  insight, {escape(name)}: {escape(report.findings[0])}", highlight=False)
-        summary[f"insight_{name}"] = report.findings
+    for made in run_insight(stack, parent):
+        first = made.insight.findings[0]
+        console.print(f"  insight, {escape(made.name)}: {escape(first)}", highlight=False)
+        summary[f"insight_{made.name}"] = made.insight.findings
     console.print(f"done in {time.monotonic() - started:.0f}s")
     if as_json:
         click.echo(json.dumps(summary))
@@ -99,6 +101,7 @@ def demo(
     is_flag=True,
     help="Start a Spark driver of its own even when a warm one (flow driver start) could run it.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout.")
 @friendly
 def retrain(
     app: str,
@@ -107,14 +110,18 @@ def retrain(
     holdout_share: float,
     train_args: str,
     cold: bool,
+    as_json: bool,
 ) -> None:
     """Retrain APP's model on the Iceberg snapshots appended since the last retraining.
 
     Warm-starts from the registry's champion, evaluates on held-out buckets of the new rows,
     and moves the champion alias only if the new model is not worse by more than --margin.
     Its Spark job runs on the warm driver when one runs (flow driver start) and can take it.
+
+    Exit code: 0 promoted, 3 kept (the champion stays), 4 nothing new, 5 busy (another
+    retraining of the pipeline is running), 1 an error.
     """
-    from flow.workflows.retrain import RetrainSettings, load_pipeline
+    from flow.workflows.retrain import EXIT_CODES, RetrainSettings, load_pipeline
     from flow.workflows.retrain import retrain as run_retrain
 
     stack = stack_up()
@@ -122,7 +129,16 @@ def retrain(
     settings = RetrainSettings(name, margin, holdout_share, train_args)
     launcher = spark_launcher(stack, warm=not cold)
     outcome = run_retrain(stack, app, settings, launcher, progress)
-    console.print(f"retrain {escape(name)}: [bold]{outcome.outcome}[/] ({escape(outcome.reason)})")
+    code = EXIT_CODES[outcome.outcome]
+    if as_json:
+        click.echo(json.dumps({"model": name, **dataclasses.asdict(outcome), "exit_code": code}))
+    else:
+        out.print(
+            f"retrain {escape(name)}: [bold]{outcome.outcome}[/] ({escape(outcome.reason)}); "
+            f"MLflow run {outcome.run_id or '-'}; exit {code}",
+            highlight=False,
+        )
+    raise SystemExit(code)
 
 
 @click.command()
@@ -148,7 +164,10 @@ def schedule(
     def job() -> int:
         return subprocess.call(command)
 
-    Scheduler(parsed, job, log, say=progress).run(max_runs)
+    from flow.workflows.retrain import EXIT_CODES
+
+    outcomes = {code: outcome for outcome, code in EXIT_CODES.items()}
+    Scheduler(parsed, job, log, say=progress, outcomes=outcomes).run(max_runs)
 
 
 @click.command()
@@ -163,7 +182,7 @@ def insight(run_id: str | None, location: str | None, channel: str | None) -> No
     and commits that run read; the report goes into its artifacts too.
     """
     from flow.cli.channels import resolve
-    from flow.insight import channel_insight, run_insight
+    from flow.insight import InsightReport, channel_insight, run_insight
 
     stack = stack_config()
     if run_id:
@@ -171,11 +190,15 @@ def insight(run_id: str | None, location: str | None, channel: str | None) -> No
     elif location and channel:
         where = resolve(location).uri
         report, folder = channel_insight(stack, where, channel)
-        found = [(channel, report)]
-        console.print(f"report: {escape(str(folder / 'report.html'))}")
+        found = [InsightReport(channel, report, folder)]
     else:
         raise FlowError("give a trainer's MLflow RUN_ID, or --location and --channel")
-    for name, report in found:
-        console.print(f"[bold]{escape(name)}[/]: {report.profile.rows:,} rows", highlight=False)
-        for line in report.findings:
-            console.print(f"  - {escape(line)}", highlight=False)
+    for made in found:
+        out.print(
+            f"[bold]{escape(made.name)}[/]: {made.insight.profile.rows:,} rows", highlight=False
+        )
+        for line in made.insight.findings:
+            out.print(f"  - {escape(line)}", highlight=False)
+        out.print(f"  report: {escape(str(made.folder / 'report.html'))}", highlight=False)
+        if made.artifacts:
+            out.print(f"  in MLflow: run {escape(made.artifacts)}", highlight=False)

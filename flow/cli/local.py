@@ -15,6 +15,7 @@ from rich.table import Table
 from flow.cli.common import console, friendly, progress, stack_config
 from flow.config import StackConfig
 from flow.errors import FlowError
+from flow.tracking.experiments import experiments_url
 
 __all__ = ["jars", "services", "stack_up", "ui"]
 
@@ -108,9 +109,11 @@ def ui(open_browser: bool) -> None:
     (row,) = svc.up(stack, ("mlflow",), progress=progress)
     if not row.healthy:
         raise FlowError(f"the MLflow UI is not available: {row.state} {row.detail}")
-    click.echo(f"MLflow UI: {stack.mlflow.tracking_uri}")
+    # The experiments list in "Model training" mode: MLflow 3 otherwise opens on GenAI pages.
+    address = experiments_url(stack.mlflow.tracking_uri)
+    click.echo(f"MLflow UI: {address}")
     if open_browser:
-        webbrowser.open(stack.mlflow.tracking_uri)
+        webbrowser.open(address)
 
 
 @click.group()

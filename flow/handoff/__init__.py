@@ -10,6 +10,11 @@ commits. Storage is anything ``pyarrow.fs`` opens (local disk, S3, HDFS, GCS).
 """
 
 from flow.handoff.channel import Channel, ConsumerPosition, list_channels
+
+# Bound here, not lazily: the function shadows its submodule's name, and only a binding made
+# while the package loads keeps `flow.handoff.convert(df)` the function after a later
+# `from flow.handoff.convert import ...`. It loads no engine until called.
+from flow.handoff.convert import Conversion, convert
 from flow.handoff.format import ChannelMeta, Commit, ShardInfo, WriterHead
 from flow.handoff.mix import MixedReader
 from flow.handoff.plan import World
@@ -24,6 +29,7 @@ __all__ = [
     "ChannelReader",
     "Commit",
     "ConsumerPosition",
+    "Conversion",
     "MissingCommit",
     "MixedReader",
     "Problem",
@@ -35,6 +41,7 @@ __all__ = [
     "WindowSlice",
     "World",
     "WriterHead",
+    "convert",
     "every_rank",
     "list_channels",
 ]

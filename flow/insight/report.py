@@ -2,7 +2,8 @@
 
 <folder>/profile.json     the statistics (the next run's reference)
 <folder>/findings.json    the headline findings, most important first
-<folder>/report.html      tables and the plots below
+<folder>/report.html      tables and the plots below, embedded (it reads on its own: in MLflow's
+                          artifact view, a mail, a browser)
 <folder>/numeric.png      each number's distribution (deciles), now against the reference
 <folder>/categorical.png  each category's out-of-vocabulary rate and distinct values
 <folder>/label_rate.png   the label rate over event time (hourly)
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 from dataclasses import dataclass
@@ -33,10 +35,14 @@ class Insight:
     findings: list[str]
 
 
-def findings(profile: Profile, reference: Profile | None, drift: list[Drift]) -> list[str]:
-    """What a person should look at first, as sentences."""
+def findings(
+    profile: Profile, reference: Profile | None, drift: list[Drift], against: str | None = None
+) -> list[str]:
+    """What a person should look at first, as sentences. ``against``: the channel the reference
+    is of, when it is another channel's rows rather than the previous run's."""
+    other = f"channel {against}" if against else "the previous run"
     said = [
-        f"{d.feature} drifted: PSI {d.psi:.2f} against the previous run (>= {DRIFTED})"
+        f"{d.feature} drifted: PSI {d.psi:.2f} against {other} (>= {DRIFTED})"
         for d in drift
         if d.drifted
     ]
@@ -50,11 +56,11 @@ def findings(profile: Profile, reference: Profile | None, drift: list[Drift]) ->
             said.append(f"{name}: {numbers.nulls / numbers.count:.0%} of values missing")
     rate = f"label rate {profile.label_rate:.2%} over {profile.rows:,} rows"
     if reference is not None and reference.rows:
-        rate += f" (previous run {reference.label_rate:.2%})"
+        rate += f" ({other} {reference.label_rate:.2%})"
     said.append(rate)
     if not any(d.drifted for d in drift):
         said.append(
-            "no feature drifted against the previous run"
+            f"no feature drifted against {other}"
             if reference is not None
             else "no previous run to compare with: this run is the reference for the next"
         )
@@ -93,7 +99,10 @@ def _plots(insight: Insight, folder: Path) -> list[str]:
                 ax.step(range(len(before.counts)), [c * scale for c in before.counts],
                         where="mid", color="black", label="previous")  # fmt: skip
             ax.set_title(name, fontsize=9)
-            ax.set_xticks([])
+            # Bin i holds values from edge i-1 to edge i (the reference's deciles).
+            ticks = list(range(0, len(now.counts), max(1, len(now.counts) // 4)))
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([_edge(now.edges, i) for i in ticks], fontsize=6)
         for ax in list(axes.flat)[len(names) :]:
             ax.axis("off")
         axes.flat[0].legend(fontsize=7)
@@ -118,6 +127,22 @@ def _plots(insight: Insight, folder: Path) -> list[str]:
     return made
 
 
+def _edge(edges: list[float], bin_index: int) -> str:
+    """A bin's label: its lower edge (the first bin: below the first edge)."""
+    if not edges:
+        return str(bin_index)
+    if bin_index == 0:
+        return f"<{edges[0]:.3g}"
+    return f"{edges[min(bin_index, len(edges)) - 1]:.3g}"
+
+
+def _embedded(folder: Path, name: str) -> str:
+    """An ``<img>`` with the plot inside: a relative ``src`` shows nothing in MLflow's artifact
+    view, which serves each artifact alone."""
+    data = base64.b64encode((folder / name).read_bytes()).decode()
+    return f'<p><img src="data:image/png;base64,{data}" alt="{html.escape(name)}"></p>'
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join(
@@ -126,11 +151,14 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def write_report(profile: Profile, reference: Profile | None, folder: Path) -> Insight:
-    """Compare with ``reference``, write every file of the report into ``folder``."""
+def write_report(
+    profile: Profile, reference: Profile | None, folder: Path, against: str | None = None
+) -> Insight:
+    """Compare with ``reference`` (the previous run's profile, or channel ``against``'s), write
+    every file of the report into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     drift = compare(reference, profile) if reference is not None else []
-    insight = Insight(profile, reference, drift, findings(profile, reference, drift))
+    insight = Insight(profile, reference, drift, findings(profile, reference, drift, against))
     (folder / "profile.json").write_text(json.dumps(profile.to_dict(), indent=1))
     (folder / "findings.json").write_text(json.dumps(insight.findings, indent=1))
     images = _plots(insight, folder)
@@ -164,7 +192,7 @@ td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}</style></head><b
 {_table(["feature", "rows", "missing", "mean", "std", "p1", "p50", "p99", "PSI"], numeric)}
 <h2>Categorical features</h2>
 {_table(["feature", "rows", "OOV / null", "distinct", "PSI"], categorical)}
-{"".join(f'<p><img src="{i}" alt="{i}"></p>' for i in images)}
+{"".join(_embedded(folder, i) for i in images)}
 </body></html>"""
     (folder / "report.html").write_text(page)
     return insight

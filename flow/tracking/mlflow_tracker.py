@@ -13,9 +13,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from flow.errors import ServiceError
 from flow.tracking.base import PARENT_RUN_ENV, MetricPoint, Run, stack_versions
+from flow.tracking.experiments import runs_url, training_experiment
 
-__all__ = ["CLIENT_LIMITS", "MlflowTracker", "bound_client_calls"]
+__all__ = ["CLIENT_LIMITS", "MlflowTracker", "bound_client_calls", "unreachable"]
 
 CLIENT_LIMITS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
@@ -32,6 +34,37 @@ calls are queued and retried by :class:`flow.tracking.ResilientRun` meanwhile. M
 variables at every request and offers no per-client setting, so they hold for the whole process
 (model logging and the registry too). The 10 s is per socket read, not per upload.
 """
+
+
+_UNREACHABLE = frozenset(
+    {
+        "ConnectionError",  # requests'; the builtin's subclasses too
+        "ConnectionRefusedError",
+        "ConnectTimeout",
+        "NewConnectionError",
+        "MaxRetryError",
+        "NameResolutionError",
+        "ReadTimeout",
+        "Timeout",
+    }
+)
+
+
+def unreachable(error: BaseException) -> str | None:
+    """Why the server could not be reached, if that is what ``error`` is (by the classes of its
+    chain: MLflow raises its own exception from requests' and urllib3's), else None."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if any(kind.__name__ in _UNREACHABLE for kind in type(current).__mro__):
+            text = str(current)
+            for known in ("Connection refused", "timed out", "Name or service not known"):
+                if known in text:
+                    return known.lower()
+            return type(current).__name__
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def bound_client_calls() -> None:
@@ -86,15 +119,52 @@ class MlflowTracker:
         bound_client_calls()
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id: str = (
-            found.experiment_id if found else self.client.create_experiment(experiment)
-        )
+        self.experiment = experiment
+        self._experiment_id: str | None = None
         self._parent: _MlflowRun | None = None
+
+    @property
+    def experiment_id(self) -> str:
+        """The id of the experiment runs are created in, looked up or created (of the
+        machine-learning kind) on first use. A tracker that only attaches to another process's
+        run never makes one: an experiment with no runs would clutter the UI."""
+        if self._experiment_id is None:
+            with self._reaching():
+                self._experiment_id = training_experiment(self.client, self.experiment)
+        return self._experiment_id
+
+    def check(self) -> None:
+        """Fail now, in one line (ServiceError), if the server cannot be reached: before a job
+        starts its work, not when its first run opens."""
+        with self._reaching():
+            self.client.search_experiments(max_results=1)
+
+    @contextlib.contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """A server that cannot be reached as one line naming it and what to do, not MLflow's
+        traceback of urllib3's: said where a run starts, so a job fails at once, before work."""
+        try:
+            yield
+        except Exception as exc:
+            reason = unreachable(exc)
+            if reason is None:
+                raise
+            raise ServiceError(
+                f"the MLflow tracking server at {self.tracking_uri} cannot be reached "
+                f"({reason}): start it (`flow services up`), set MLFLOW_TRACKING_URI to yours, "
+                "or run without tracking (--no-tracking)"
+            ) from exc
+
+    def runs_url(self, run_id: str | None = None) -> str:
+        """The UI's page of run ``run_id`` (its stages listed as child runs), or of the
+        experiment's runs table, opened on the runs rather than MLflow 3's GenAI view."""
+        return runs_url(self.tracking_uri, self.experiment_id, run_id)
 
     @contextlib.contextmanager
     def _run(self, name: str, tags: dict[str, str]) -> Iterator[_MlflowRun]:
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        experiment = self.experiment_id
+        with self._reaching():
+            run = self.client.create_run(experiment, run_name=name, tags=tags)
         handle = _MlflowRun(self.client, run.info.run_id, self.tracking_uri)
         try:
             yield handle
@@ -140,7 +210,8 @@ class MlflowTracker:
     def attach(self, run_id: str) -> Iterator[Run]:
         """An existing run (another process's pipeline run) as the parent of the stages opened
         inside; it is neither created nor ended here."""
-        self.experiment_id = self.client.get_run(run_id).info.experiment_id  # nest in its UI
+        with self._reaching():
+            self._experiment_id = self.client.get_run(run_id).info.experiment_id  # nest in its UI
         self._parent = _MlflowRun(self.client, run_id, self.tracking_uri)
         try:
             yield self._parent

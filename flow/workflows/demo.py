@@ -34,6 +34,7 @@ from rich.table import Table
 from flow.config import StackConfig
 from flow.handoff.channel import Channel
 from flow.storage import namespace_locations
+from flow.tracking import runs_url
 from flow.training import ModelConfig, OptimConfig, TrainConfig
 from flow.workflows.synthetic import DELAYS
 
@@ -216,15 +217,16 @@ def run_demo(
         )
 
 
-def _runs(stack: StackConfig, parent: str) -> dict[str, Any]:
+def _runs(stack: StackConfig, parent: str) -> tuple[str, dict[str, Any]]:
+    """The experiment of run ``parent`` and its stage runs by name."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=stack.mlflow.tracking_uri)
-    experiment = client.get_run(parent).info.experiment_id
+    experiment = str(client.get_run(parent).info.experiment_id)
     children = client.search_runs(
         [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
     )
-    return {r.info.run_name: r for r in children}
+    return experiment, {r.info.run_name: r for r in children}
 
 
 def _figures(train: dict[str, float], channel: str) -> dict[str, float | None]:
@@ -246,7 +248,7 @@ def summarize(stack: StackConfig, parent: str, namespace: str = NAMESPACE) -> di
     """The figures of a demo run, from its MLflow runs and its live channel."""
     from flow.insight.freshness import channel_freshness
 
-    runs = _runs(stack, parent)
+    experiment_id, runs = _runs(stack, parent)
     stages = {}
     for name in ("backfill", "live"):
         if name in runs:
@@ -277,8 +279,7 @@ def summarize(stack: StackConfig, parent: str, namespace: str = NAMESPACE) -> di
             },
             "event_to_trained": {q: train.get(f"freshness_{q}_s.live") for q in ("p50", "p99")},
         },
-        "ui": f"{stack.mlflow.tracking_uri}/#/experiments/"
-        f"{runs['train'].info.experiment_id if 'train' in runs else ''}/runs/{parent}",
+        "ui": runs_url(stack.mlflow.tracking_uri, experiment_id, parent),
     }
 
 

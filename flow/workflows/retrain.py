@@ -37,9 +37,13 @@ from flow.tracking import PARENT_RUN_ENV, MlflowTracker
 from flow.training import TrainConfig, parse_args, save_config
 from flow.workflows.schedule import exclusive
 
-__all__ = ["RetrainOutcome", "RetrainSettings", "load_pipeline", "retrain"]
+__all__ = ["EXIT_CODES", "RetrainOutcome", "RetrainSettings", "load_pipeline", "retrain"]
 
 DONE = ("promoted", "kept")
+EXIT_CODES: dict[str, int] = {"promoted": 0, "kept": 3, "nothing-new": 4, "busy": 5}
+"""``flow retrain``'s exit code for each outcome (an error is 1): a scheduler tells a promotion
+from a kept champion, and a run with nothing to do (nothing new, or another one running) from
+both, without reading its output. docs/scheduling.md maps them for Airflow and cron."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -132,9 +132,13 @@ class Scheduler:
         now: Callable[[], datetime] = datetime.now,
         sleep: Callable[[float], None] = time.sleep,
         say: Callable[[str], None] = print,
+        outcomes: Mapping[int, str] | None = None,
     ) -> None:
         self.cron, self.job, self.log = cron, job, log
         self.now, self.sleep, self.say = now, sleep, say
+        self.outcomes: Mapping[int, str] = outcomes or {0: "done"}
+        """Exit codes that are not failures, by the outcome each means (``flow retrain``'s:
+        flow.workflows.retrain.EXIT_CODES)."""
 
     def _record(self, entry: dict[str, object]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -171,11 +175,14 @@ class Scheduler:
                     "started": started.isoformat(),
                     "ended": ended.isoformat(),
                     "exit_code": code,
+                    "outcome": self.outcomes.get(code, "failed"),
                     "error": error,
                     "skipped_while_running": skipped,
                 }
             )
-            if code:
+            if code in self.outcomes:
+                self.say(f"run {made}: {self.outcomes[code]}")
+            else:
                 self.say(f"run {made} failed ({error or f'exit {code}'}); the schedule goes on")
             if skipped:
                 self.say(f"run {made} overran {skipped} fire time(s); they are skipped, not queued")

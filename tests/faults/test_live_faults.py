@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -523,43 +524,65 @@ def test_flow_run_stops_its_trainer_when_the_spark_side_fails(
 LONG = os.environ.get("LONG_FAULTS", "") == "1"
 
 
-@pytest.mark.skipif(not LONG, reason="the long fault run (~15 min a strategy): LONG_FAULTS=1")
+def commits(stack: StackConfig, namespace: str) -> int:
+    where = f"{stack.handoff}/{namespace}"
+    return len(Channel(where, "live").commit_ids()) if Channel(where, "live").exists() else 0
+
+
+@pytest.mark.skipif(not LONG, reason="the long fault run (~20 min a strategy): LONG_FAULTS=1")
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_long_run_five_driver_kills_and_a_three_minute_broker_outage_under_load(
     running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path, strategy: Strategy
 ) -> None:
-    """The issue's long version: 12,000 impressions (and their clicks) sent at 200 a second
-    while the driver is killed (-9) five times at random moments, each time started again from
-    its checkpoint; then the broker stopped for three minutes while the stage runs; then every
-    record is accounted for.
+    """The long version: 200 impressions a second (and their clicks) for 150 s, 30,000 in all,
+    while the driver is killed (-9) five times, each at a random moment once the stage is
+    committing again after its restart; then the broker stopped for three minutes while the
+    stage runs; then every record accounted for.
 
-        LONG_FAULTS=1 .venv/bin/pytest tests/faults -k long_run
+        LONG_FAULTS=1 .venv/bin/pytest tests/faults -k long_run --basetemp=/tmp/long-faults
+
+    (``--basetemp``: pytest keeps three base folders, so other pytest runs meanwhile would
+    delete this one's logs and figures.)
     """
     stack = running_stack
     namespace = new_namespace(stack)
     pick = random.Random(11)
-    # Event time: 0.3 s apart (an hour for 12,000), ending well in the past.
-    events = Producer(stack.kafka, namespace, base=datetime.now(UTC) - timedelta(minutes=150))
-    # Batches of up to 1,000 impressions: the suite's default of 50 would take the run an hour.
-    extra = ("--per-batch", "1000", "--max-restarts", "20")
+    # Event time: 0.3 s apart (2.5 hours for 30,000), ending well in the past.
+    events = Producer(stack.kafka, namespace, base=datetime.now(UTC) - timedelta(minutes=240))
+    # Batches of up to 2,000 impressions: the suite's default of 50 would take the run hours.
+    extra = ("--per-batch", "2000", "--max-restarts", "20")
     stage = Stage(stack_env, namespace, tmp_path / "stage.log", strategy, *extra)
-    sent_at: list[float] = []
-    kills = 0
-    try:
-        stage.start()
+    seconds, per_second = 150, 200
+    sending: dict[str, float] = {}
+
+    def send() -> None:
         started = time.monotonic()
-        events.broken(list(BROKEN))
-        for second in range(60):  # 200 impressions (and their clicks) a second
-            events.impressions(200, clicks=True, every=0.005, repeat=(7,) if second % 10 else ())
-            sent_at.append(time.monotonic() - started)
-            if second in (8, 19, 31, 42, 53):
-                time.sleep(pick.uniform(0, 1))
-                stage.kill()
-                kills += 1
-                stage.start()
+        for second in range(seconds):
+            events.impressions(
+                per_second, clicks=True, every=0.005, repeat=(7,) if second % 10 else ()
+            )
             time.sleep(max(0.0, second + 1 - (time.monotonic() - started)))
-        rate = 12_000 / sent_at[-1]
-        wait_for(lambda: len(rows(stack, namespace)) > 6_000, "rows of the first half", 900)
+        sending["rate"] = seconds * per_second / (time.monotonic() - started)
+
+    def grown(before: int) -> Callable[[], bool]:
+        return lambda: commits(stack, namespace) > before + 1
+
+    kills, outage, restarts = 0, 0.0, 0
+    sender = threading.Thread(target=send, name="producer")
+    try:
+        events.broken(list(BROKEN))
+        stage.start()
+        sender.start()
+        for _ in range(5):
+            before = commits(stack, namespace)
+            wait_for(grown(before), "commits after a start", 600)
+            time.sleep(pick.uniform(0, 4))
+            stage.kill()
+            kills += 1
+            stage.start()
+        sender.join()
+        wait_for(grown(commits(stack, namespace)), "commits after the kills", 600)
         down = run_flow(["services", "down", "--only", "kafka"], stack_env)
         assert down.returncode == 0, down.stderr
         outage = time.monotonic()
@@ -568,17 +591,17 @@ def test_the_long_run_five_driver_kills_and_a_three_minute_broker_outage_under_l
         assert up.returncode == 0, up.stdout + up.stderr
         outage = time.monotonic() - outage
         events = _reconnected(events, stack)
-        events.impressions(200, clicks=True, every=0.005)
+        events.impressions(per_second, clicks=True, every=0.005)
         assert stage.process is not None
         assert stage.process.poll() is None, "the stage did not ride out the outage"
-        restarts = finish(stage, events, stack, namespace, "every positive", timeout=1500)
+        restarts = finish(stage, events, stack, namespace, "every positive", timeout=1800)
     finally:
         run_flow(["services", "up", "--only", "kafka"], stack_env)
         if stage.process is not None and stage.process.poll() is None:
             stage.kill()
     found = account(stack, namespace, events.expected, strategy) | {
         "driver_kills": kills,
-        "send_rate_per_s": round(rate),
+        "send_rate_per_s": round(sending.get("rate", 0.0)),
         "outage_s": round(outage),
         "restarts": restarts,
     }

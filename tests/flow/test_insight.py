@@ -67,3 +67,42 @@ def test_a_channel_without_a_layout_cannot_be_profiled(tmp_path: Path) -> None:
     Writer(tmp_path, "raw").commit([10])
     with pytest.raises(ConfigError, match="records no feature layout"):
         channel_insight(stack, str(tmp_path), "raw")
+
+
+def test_the_report_embeds_its_plots_and_labels_its_bins(tmp_path: Path) -> None:
+    stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
+    write(tmp_path, "live", [2000], buckets=1)
+    _, folder = channel_insight(stack, str(tmp_path), "live", [0])
+    page = (folder / "report.html").read_text()
+    # MLflow's artifact view serves report.html alone: a relative src would be a broken image.
+    assert page.count('<img src="data:image/png;base64,') == 3
+    assert 'src="numeric.png"' not in page
+
+
+def test_a_run_is_never_its_own_reference(tmp_path: Path) -> None:
+    stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
+    write(tmp_path, "live", [4000], buckets=1)
+    earlier, _ = channel_insight(stack, str(tmp_path), "live", [0], run_id="a" * 32)
+    assert earlier.reference is None
+    moved = add_commit(tmp_path, "live", shifted(rows(4000, seed=6), by=2.0))
+    first, _ = channel_insight(stack, str(tmp_path), "live", [moved], run_id="b" * 32)
+    again, _ = channel_insight(stack, str(tmp_path), "live", [moved], run_id="b" * 32)
+    # Asked again, run b still compares with run a, not with its own first report (PSI 0).
+    assert [d.feature for d in again.drift if d.drifted] == ["price"]
+    assert again.drift == first.drift
+
+
+def test_one_channel_against_another_names_the_other(tmp_path: Path) -> None:
+    from flow.insight import _against
+
+    stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
+    write(tmp_path, "backfill", [4000], buckets=1)
+    write(tmp_path, "live", [10], buckets=1)
+    moved = add_commit(tmp_path, "live", shifted(rows(4000, seed=6), by=2.0))
+    name, insight, folder = _against(
+        stack, str(tmp_path), ("backfill", [0]), ("live", [moved]), "c" * 32
+    )
+    assert name == "live-vs-backfill"
+    assert insight.findings[0].startswith("price drifted")
+    assert "against channel backfill" in insight.findings[0]
+    assert folder.name.endswith("c" * 32)

@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from flow import stack as services
 from flow.config import StackConfig
 from flow.console import Terminated
+from flow.errors import ServiceError
 from flow.tracking import (
     CLIENT_LIMITS,
     MetricPoint,
@@ -24,6 +25,7 @@ from flow.tracking import (
     ResilientRun,
     bound_client_calls,
 )
+from flow.tracking.mlflow_tracker import unreachable
 from tests.support import free_ports
 
 
@@ -382,6 +384,24 @@ def test_with_the_bounds_a_call_to_a_dead_server_fails_in_seconds(
     with pytest.raises(MlflowException, match=r"Connection refused|Max retries"):
         client.log_batch("0" * 32, metrics=[Metric("a", 1.0, 0, 0)])
     assert time.monotonic() - started < 30
+
+
+def test_a_tracker_whose_server_is_down_says_so_in_one_line_before_any_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in CLIENT_LIMITS.items():
+        monkeypatch.setenv(name, value)
+    (port,) = free_ports(1)
+    tracker = MlflowTracker(f"http://127.0.0.1:{port}", "nowhere")
+    with pytest.raises(ServiceError) as failed:
+        tracker.check()
+    message = str(failed.value)
+    assert message == (
+        f"the MLflow tracking server at http://127.0.0.1:{port} cannot be reached (connection "
+        "refused): start it (`flow services up`), set MLFLOW_TRACKING_URI to yours, or run "
+        "without tracking (--no-tracking)"
+    )
+    assert unreachable(ValueError("a bug")) is None
 
 
 @pytest.mark.integration

@@ -3,6 +3,7 @@ can learn from, dead letters for every malformed record, counts that reconcile, 
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -66,6 +67,8 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
     backfill = run_flow(["run", "pipelines/ctr_backfill.py"], stack_env)
     output = backfill.stdout + backfill.stderr
     assert backfill.returncode == 0, output[-4000:]
+    # The run id `flow insight RUN_ID` takes, and a link that opens the runs view.
+    assert re.search(r"MLflow run [0-9a-f]{32}: http\S+workflowType=machine_learning", output)
 
     catalog = open_catalog(running_stack.catalog)
     handoff = f"{running_stack.handoff}/ctr"

@@ -176,11 +176,11 @@ def test_a_streaming_query_writes_while_a_reader_follows(
 
 
 def test_a_dataframe_converts_to_a_torch_dataloader(spark: SparkSession, tmp_path: Path) -> None:
-    from flow.handoff.convert import convert
+    import flow.handoff  # the spelling docs/handoff.md uses
 
     frame = rows(spark, 0, 5000)
     where = str(tmp_path / "converted")
-    with convert(frame, location=where, num_buckets=4, compression_level=-8) as data:
+    with flow.handoff.convert(frame, location=where, num_buckets=4, compression_level=-8) as data:
         assert data.rows == 5000
         assert Channel(where, "data").meta().compression_level == -8
         loader = data.dataloader(batch_size=256, columns=["id", "dense", "label"])
@@ -189,7 +189,7 @@ def test_a_dataframe_converts_to_a_torch_dataloader(spark: SparkSession, tmp_pat
         assert next(iter(loader))["dense"].shape == (256, 3)
     assert (tmp_path / "converted").exists()  # a location given is not the conversion's to delete
 
-    with convert(frame, num_buckets=4) as owned:
+    with flow.handoff.convert(frame, num_buckets=4) as owned:
         made = owned.location
         assert Channel(made, "data").exists()
     assert not Path(made).exists()

@@ -61,3 +61,18 @@ def test_an_unwritable_checkpoint_folder_is_refused_before_reading(tmp_path: Pat
     )
     with pytest.raises(ConfigError, match=rf"^--checkpoint-dir: cannot write to {blocker}/ckpt"):
         train(cfg, say=lambda _: None)
+
+
+def test_the_headline_is_one_short_line_and_the_result_goes_to_its_file(tmp_path: Path) -> None:
+    from trainers.__main__ import headline
+    from trainers.result import TrainResult
+
+    result = TrainResult(steps=120, rows=122_880, seconds=2.0, run_id="f" * 32)
+    result.metrics["run_progressive_auc"] = 0.7312
+    result.freshness_s["live"] = [1.0] * 10_000  # what made the old line 28,000 characters
+    said = headline(result, tmp_path / "trainer.json")
+    assert said == (
+        f"trainer: done, 120 steps, 122,880 rows, {result.samples_per_s:,.0f} samples/s, "
+        f"progressive_auc 0.7312; MLflow run {'f' * 32}; the whole result in "
+        f"{tmp_path / 'trainer.json'}"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,22 @@ def test_verify_names_a_missing_commit_and_exits_1(location: Path) -> None:
         "2 shards checked in 1 commits: 0 damaged, 1 missing commits, 2 orphan shards, "
         "0 row count mismatches"
     )
+
+
+def test_results_go_to_stdout_and_as_json_for_scripts(location: Path) -> None:
+    result = CliRunner().invoke(main, ["handoff", "ls", str(location), "--json"])
+    assert result.exit_code == 0, result.output
+    (channel,) = json.loads(result.stdout)
+    assert (channel["name"], channel["commits"], channel["rows"]) == ("live", 2, 160)
+    result = CliRunner().invoke(main, ["handoff", "ls", str(location)])
+    assert "live" in result.stdout, "the table is on stdout: `flow handoff ls | grep` finds it"
+    shown = json.loads(
+        CliRunner().invoke(main, ["handoff", "show", str(location), "live", "--json"]).stdout
+    )
+    assert shown["buckets"] == 2
+    assert [c["rows"] for c in shown["recent_commits"]] == [100, 60]
+    verified = CliRunner().invoke(main, ["handoff", "verify", str(location), "live", "--json"])
+    assert verified.exit_code == 0
+    report = json.loads(verified.stdout)
+    assert report["ok"] is True
+    assert report["problems"] == []

@@ -163,4 +163,6 @@ def test_flow_ui_prints_the_address_of_the_running_server(
 ) -> None:
     done = run_flow(["ui"], stack_env)
     assert done.returncode == 0, done.stderr
-    assert f"MLflow UI: {running_stack.mlflow.tracking_uri}" in done.stdout
+    # The experiments list in MLflow 3's "Model training" mode, not its GenAI pages.
+    address = f"{running_stack.mlflow.tracking_uri}/#/experiments?workflowType=machine_learning"
+    assert f"MLflow UI: {address}" in done.stdout

@@ -9,6 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flow.config import StackConfig
+from flow.workflows.retrain import EXIT_CODES
 from tests.support import run_flow
 
 PIPELINE = """
@@ -36,17 +37,19 @@ def test_retraining_is_incremental_and_promotes_only_a_model_that_is_not_worse(
     history = ["generate", "history", "--namespace", namespace, "--days", "1", "--per-day", "4000"]
     quick = "--batch-size 256 --epochs 2 --lr 0.01"
 
-    def retrain(train: str) -> str:
+    def retrain(train: str, outcome: str) -> str:
         done = run_flow(["retrain", str(app), "--model-name", name, "--train", train], stack_env)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        said = done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.returncode == EXIT_CODES[outcome], said  # one exit code per outcome
+        assert f"retrain {name}: {outcome}" in done.stdout, said  # the result on stdout
         return done.stdout + done.stderr
 
     assert run_flow(history, stack_env).returncode == 0
-    assert "promoted (no champion yet)" in retrain(quick)
-    assert "nothing-new" in retrain(quick), "no new snapshot: nothing is trained"
+    assert "promoted (no champion yet)" in retrain(quick, "promoted")
+    retrain(quick, "nothing-new")  # no new snapshot: nothing is trained
 
     assert run_flow([*history, "--append"], stack_env).returncode == 0
-    worse = retrain("--batch-size 256 --epochs 1 --lr 50")
+    worse = retrain("--batch-size 256 --epochs 1 --lr 50", "kept")
     assert "kept" in worse
     assert "below the champion's" in worse
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flow.errors import ConfigError
+from flow.workflows.retrain import EXIT_CODES
 from flow.workflows.schedule import Cron, Scheduler, exclusive
 
 
@@ -122,6 +123,23 @@ def test_runs_never_overlap_overruns_skip_and_failures_do_not_stop_it(tmp_path: 
     assert [e["skipped_while_running"] for e in entries] == [2, 0, 0]
     assert entries[1]["exit_code"] == -1
     assert "the cluster is down" in entries[1]["error"]
+
+
+def test_retrains_outcomes_are_logged_by_name_and_only_errors_as_failures(tmp_path: Path) -> None:
+    clock = Clock(datetime(2026, 11, 21, 10, 0, 30))
+    codes = iter([EXIT_CODES["kept"], EXIT_CODES["nothing-new"], 1, EXIT_CODES["promoted"]])
+    said: list[str] = []
+    log = tmp_path / "retrain.jsonl"
+    outcomes = {code: outcome for outcome, code in EXIT_CODES.items()}
+    Scheduler(Cron.parse("* * * * *"), lambda: next(codes), log, now=clock.now,
+              sleep=clock.sleep, say=said.append, outcomes=outcomes).run(max_runs=4)  # fmt: skip
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["outcome"] for e in entries] == ["kept", "nothing-new", "failed", "promoted"]
+    assert [line for line in said if "failed" in line] == [
+        "run 3 failed (exit 1); the schedule goes on"
+    ]
+    assert len(set(EXIT_CODES.values())) == len(EXIT_CODES), "one exit code per outcome"
+    assert 1 not in EXIT_CODES.values(), "1 is an error's"
 
 
 def test_the_lock_is_held_by_one_holder_at_a_time(tmp_path: Path) -> None:
