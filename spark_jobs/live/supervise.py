@@ -52,7 +52,7 @@ class StreamFailedError(FlowError):
         """What to change, for a cause that is not transient."""
         self.refresh = False
         """Not a failure: the query stopped to start again with changed dimension tables
-        (spark_jobs.live_inplan)."""
+        (spark_jobs.live.inplan)."""
 
     @classmethod
     def of(cls, query: str, error: str, recorded: BaseException | None = None) -> StreamFailedError:
