@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -70,7 +71,13 @@ class Producer:
         assert self.out.flush(30) == 0
 
     def impressions(
-        self, count: int, *, clicks: bool, every: float = 0.25, repeat: Iterable[int] = ()
+        self,
+        count: int,
+        *,
+        clicks: bool,
+        every: float = 0.25,
+        repeat: Iterable[int] = (),
+        per_second: float | None = None,
     ) -> datetime:
         """``count`` valid impressions, ``every`` minutes apart from a minute after the latest
         event sent so far; with ``clicks``, every third is clicked 2 minutes later (a positive)
@@ -78,7 +85,11 @@ class Producer:
         The ``repeat``-th ones (1-based) are sent twice: duplicates within the watermark.
 
         Records go out in event-time order, as a live producer sends them: a click is not sent
-        before the events that happened before it, whose watermark it would otherwise pass."""
+        before the events that happened before it, whose watermark it would otherwise pass.
+        ``per_second``: paced in wall time to that many impressions a second (their clicks
+        between them), else all at once. One call is one timeline: calls one after another
+        each start a minute after the last click sent (up to 15 minutes after the last
+        impression), so a stream of many small calls runs ahead of its clock."""
         start = self.latest + timedelta(minutes=1)
         twice = set(repeat)
         timeline: list[tuple[datetime, int, str, dict[str, Any]]] = []
@@ -102,9 +113,16 @@ class Producer:
                 when = ts + timedelta(minutes=15)
                 timeline.append((when, len(timeline), "clicks", {"id": ident, "ts": when}))
             self.expected.labels[ident] = label
+        began, sent = time.monotonic(), 0
         for ts, _, topic, record in sorted(timeline, key=lambda t: (t[0], t[1])):
             self._json(topic, record)
             self.latest = max(self.latest, ts)
+            if per_second is not None and topic == "impressions":
+                sent += 1
+                ahead = began + sent / per_second - time.monotonic()
+                if ahead > 0:
+                    self.out.poll(0)  # serve delivery reports while waiting
+                    time.sleep(ahead)
         self.flush()
         return start
 
