@@ -11,6 +11,7 @@
     flow retrain APP.py                  incremental retraining, promoted only if not worse
     flow schedule APP.py --cron "..."    retraining on a schedule, one run at a time
     flow run APP.py [args]               services up, then submit on the local stack
+    flow train [trainer options]         train on handoff channels (python -m trainers train)
     flow driver start | stop | status    a warm Spark driver that flow run hands jobs to
     flow spark-args                      the options to give a plain spark-submit
     flow handoff ls | show | verify | close | retire | drop
@@ -65,6 +66,7 @@ for command in (
     driver.driver,
     jobs.spark_args,
     jobs.bench,
+    jobs.train,
     lifecycle.demo,
     lifecycle.retrain,
     lifecycle.schedule,

@@ -227,12 +227,22 @@ def run(
     run_together(argv, trainer, train_procs, stack, spark, progress)
 
 
-@click.command(context_settings=_passthrough)
+_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _benchmarks() -> str:
+    """The benchmarks of this checkout, for ``flow bench --help``."""
+    names = sorted(p.stem for p in _BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
+    return ", ".join(names) or "none found"
+
+
+@click.command(context_settings=_passthrough, epilog=f"Benchmarks: {_benchmarks()}.")
 @click.argument("name")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 @friendly
 def bench(name: str, argv: tuple[str, ...]) -> None:
-    """Run benchmarks/NAME.py on the local stack (arguments after NAME go to the benchmark)."""
+    """Run benchmarks/NAME.py on the local stack (arguments after NAME go to the benchmark;
+    `flow bench NAME --help` shows them). Results print and go to $FLOW_HOME/bench/."""
     script = Path("benchmarks") / f"{name}.py"
     if not script.exists():
         found = sorted(p.stem for p in Path("benchmarks").glob("*.py"))
@@ -259,6 +269,17 @@ def flag(script: Path, name: str) -> bool:
         ):
             return bool(node.value.value)
     return True
+
+
+@click.command(context_settings={**_passthrough, "help_option_names": []}, add_help_option=False)
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def train(argv: tuple[str, ...]) -> None:
+    """Train a model on handoff channels (python -m trainers train, under the CLI's name).
+
+    Every option is the trainer's (``flow train --help`` lists them); for several processes,
+    ``torchrun ... -m trainers train`` as docs/trainers.md shows.
+    """
+    raise SystemExit(subprocess.call([sys.executable, "-m", "trainers", "train", *argv]))
 
 
 @click.command("spark-args")

@@ -56,3 +56,13 @@ def test_a_benchmark_can_say_it_runs_without_the_services_or_spark(tmp_path: Pat
     assert flag(plain, "NEEDS_SPARK")
     assert not flag(Path("benchmarks/handoff.py"), "NEEDS_SERVICES")
     assert not flag(Path("benchmarks/trainer.py"), "NEEDS_SPARK")
+
+
+def test_flow_train_is_the_trainer_and_bench_help_lists_the_benchmarks(tmp_path: Path) -> None:
+    env = stack_env_for(tmp_path)
+    trained = run_flow(["train", "--help"], env)
+    assert trained.returncode == 0, trained.stderr
+    assert trained.stdout.startswith("usage: python -m trainers train")
+    listed = CliRunner().invoke(main, ["bench", "--help"])
+    assert listed.exit_code == 0
+    assert "Benchmarks: commits, " in " ".join(listed.output.split())
