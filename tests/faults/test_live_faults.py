@@ -46,6 +46,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 PIPELINE = str(REPO / "tests" / "faults" / "live_pipeline.py")
 
 
+LAST = "v-last"
+"""The impression that closes every earlier window at the end of a run: an id no numbered
+impression has (the long run's 30,000 include a v9999)."""
 Strategy = Literal["window", "immediate"]
 STRATEGIES: tuple[Strategy, ...] = ("immediate", "window")
 
@@ -323,7 +326,7 @@ def killed_run(
         kills += 1
 
         # The end: an impression now closes every earlier window; a run that stops when caught up.
-        events.pending("v9999", datetime.now(UTC))
+        events.pending(LAST, datetime.now(UTC))
         done = stage.drain()
         assert done.returncode == 0, done.stderr[-3000:]
     finally:
@@ -408,7 +411,7 @@ def finish(
     clicked = {i for i, label in events.expected.labels.items() if label == 1.0}
     wait_for(lambda: clicked <= {r["id"] for r in rows(stack, namespace)}, what, timeout=timeout)
     stage.kill()
-    events.pending("v9999", datetime.now(UTC))
+    events.pending(LAST, datetime.now(UTC))
     done = stage.drain()
     assert done.returncode == 0, done.stderr[-3000:]
     return stage.log.read_text(errors="replace").count("from its checkpoint in")
