@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmarks on a bare GPU machine: no Java, no services, no network needed.
 #
-#   benchmarks/gpu.sh OUT_DIR [PART ...]     parts: check grid cores compile cowclip (default: all)
+#   benchmarks/gpu.sh OUT_DIR [PART ...]     parts: check grid cores compile graph cowclip
+#                                            (default: all)
 #
 # Needs Python 3.11+ with a CUDA torch, numpy, pyarrow 25, xxhash and rich (psutil and
 # nvidia-ml-py for CPU and GPU utilisation, pytest and hypothesis for `check`). When the
@@ -10,7 +11,7 @@
 set -uo pipefail
 out=${1:?give an output folder}
 shift
-parts=${*:-check grid cores compile cowclip}
+parts=${*:-check grid cores compile graph cowclip}
 # PARQUET=0 leaves the DataLoader baseline out of grid and cores (it was measured before).
 baseline=$([ "${PARQUET:-1}" = 1 ] && echo ,parquet)
 bf16=${BF16:-both}
@@ -37,7 +38,7 @@ for part in $parts; do
       # The project's warning filters and conftest name packages this machine may lack
       # (sqlalchemy, confluent_kafka); the loader's tests need neither.
       $py -m pytest -q -p no:cacheprovider --noconftest -o filterwarnings=error \
-        tests/trainers/test_loader.py 2>&1 | tail -5 ;;
+        tests/trainers/test_loader.py tests/trainers/test_graphed.py 2>&1 | tail -8 ;;
     grid)
       bench --models dlrm,deepfm --batch-sizes 16384,32768,65536 --bf16 "$bf16" \
         --feeds "memory,host,device$baseline,device-read" --steps 120 --warmup 15 \
@@ -49,9 +50,19 @@ for part in $parts; do
     compile)
       bench --models dlrm,deepfm --batch-sizes 32768 --bf16 on --compile on \
         --feeds memory,host,device --steps 120 --warmup 15 --result-file "$out/compile.json" ;;
+    graph)
+      # Each step as one CUDA graph (trainers/graphed.py) against eager, at the launch-bound
+      # 16k and at 32k; then 16k again with a 0.5 ms GIL switch interval (the loop waits less
+      # for the loader's thread to let go of the GIL).
+      bench --models dlrm,deepfm --batch-sizes 16384,32768 --bf16 on --cuda-graph both \
+        --feeds memory,host,device,device-read --steps 200 --warmup 20 \
+        --result-file "$out/graph.json"
+      bench --models dlrm,deepfm --batch-sizes 16384 --bf16 on --cuda-graph both \
+        --feeds memory,device --steps 200 --warmup 20 --switch-interval 0.0005 --reuse-data \
+        --result-file "$out/graph-switch.json" ;;
     cowclip)
       timeout "${PART_LIMIT:-0}" $py benchmarks/cowclip.py --device cuda \
         --result-file "$out/cowclip.json" ;;
-    *) echo "unknown part $part: use check grid cores compile cowclip"; exit 2 ;;
+    *) echo "unknown part $part: use check grid cores compile graph cowclip"; exit 2 ;;
   esac
 done

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -68,6 +69,7 @@ from flow.console import console
 from flow.handoff import Channel, ChannelReader, Commit, ReadOptions, ShardInfo
 from flow.pipeline.state import Layout
 from flow.training import ModelConfig, OptimConfig
+from trainers.graphed import GraphedStep
 from trainers.loader import DeviceLoader
 from trainers.models import build_model
 from trainers.optim import build_optimizer
@@ -91,11 +93,14 @@ class Case:
     batch: int
     bf16: bool
     compile: bool
+    graph: bool = False
 
     def label(self) -> str:
         flags = [f"{self.batch // 1024}k", "bf16" if self.bf16 else "fp32"]
         if self.compile:
             flags.append("compiled")
+        if self.graph:
+            flags.append("graphed")
         return f"{self.model} {' '.join(flags)}"
 
 
@@ -156,11 +161,18 @@ def make_step(
     ).to(device)
     # Adam on both groups, as when the recorded figures were taken (the trainer's default
     # embedding optimizer is Adagrad since; its step costs about the same).
-    optimizer = build_optimizer(model, OptimConfig(embedding="adam", embedding_lr=None, lr=1e-3))
+    optimizer = build_optimizer(
+        model,
+        OptimConfig(embedding="adam", embedding_lr=None, lr=1e-3),
+        capturable=case.graph,
+    )
     net: nn.Module = torch.compile(model) if case.compile else model  # type: ignore[assignment]
 
-    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=case.bf16):
+    def step(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        # No autocast cache: a graph must not read casts made outside it (trainers/graphed.py).
+        with torch.autocast(
+            device.type, dtype=torch.bfloat16, enabled=case.bf16, cache_enabled=not case.graph
+        ):
             logits = net(batch)
         loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), batch["label"])
         optimizer.zero_grad(set_to_none=True)
@@ -168,7 +180,7 @@ def make_step(
         optimizer.step()
         return loss.detach()
 
-    return step
+    return GraphedStep(step, device) if case.graph else step
 
 
 def sync(device: torch.device) -> None:
@@ -359,8 +371,8 @@ def run_cases(args: argparse.Namespace, device: torch.device) -> list[dict[str, 
     for model in args.models:
         for batch in args.batch_sizes:
             for bf16 in args.bf16:
-                for compiled in args.compile:
-                    case = Case(model, batch, bf16, compiled)
+                for compiled, graph in itertools.product(args.compile, args.cuda_graph):
+                    case = Case(model, batch, bf16, compiled, graph)
                     step = make_step(case, device, args.max_embedding_rows)
                     row: dict[str, Any] = asdict(case) | {"feeds": {}}
                     for feed in args.feeds:
@@ -401,6 +413,7 @@ def run_cores(args: argparse.Namespace, stamp: str) -> list[dict[str, Any]]:
             "--batch-sizes", str(args.batch_sizes[0]),
             "--bf16", "on" if args.bf16[0] else "off",
             "--compile", "on" if args.compile[0] else "off",
+            "--cuda-graph", "on" if args.cuda_graph[0] else "off",
             "--feeds", ",".join(args.cores_feeds),
             "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--reader-threads", str(count),
@@ -421,6 +434,11 @@ def run_cores(args: argparse.Namespace, stamp: str) -> list[dict[str, Any]]:
 
 
 # -- report ------------------------------------------------------------------------------------
+
+
+def _case(row: dict[str, Any]) -> Case:
+    """A result row's case (rows written before ``graph`` existed have none)."""
+    return Case(row["model"], row["batch"], row["bf16"], row["compile"], row.get("graph", False))
 
 
 def show(results: dict[str, Any]) -> None:
@@ -449,7 +467,7 @@ def show(results: dict[str, Any]) -> None:
             label = ""
 
     for row in results["cases"]:
-        add(Case(row["model"], row["batch"], row["bf16"], row["compile"]).label(), row["feeds"])
+        add(_case(row).label(), row["feeds"])
     for row in results.get("cores", []):
         if "feeds" in row:
             add(f"{row['cores']} core(s)", row["feeds"])
@@ -465,7 +483,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     rows = []
     for row in results["cases"]:
-        label = Case(row["model"], row["batch"], row["bf16"], row["compile"]).label()
+        label = _case(row).label()
         rows += [(f"{label} · {f}", r) for f, r in row["feeds"].items() if "samples_per_s" in r]
     for row in results.get("cores", []):
         rows += [
@@ -511,6 +529,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-sizes", default=None, help="e.g. 16384,32768,65536")
     parser.add_argument("--bf16", choices=["on", "off", "both"], default=None)
     parser.add_argument("--compile", choices=["on", "off", "both"], default="off")
+    parser.add_argument(
+        "--cuda-graph",
+        choices=["on", "off", "both"],
+        default="off",
+        help="capture each step as a CUDA graph (trainers/graphed.py; Adam, CUDA only)",
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="Python's GIL switch interval in seconds (default 0.005): how long the training "
+        "loop can wait for the loader's thread to give up the GIL",
+    )
     parser.add_argument("--feeds", default="memory,host,device", help=",".join(FEEDS))
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=None)
@@ -536,6 +567,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ]
     args.bf16 = _flags(args.bf16 or ("on" if gpu else "off"))
     args.compile = _flags(args.compile)
+    args.cuda_graph = _flags(args.cuda_graph)
+    if any(args.cuda_graph) and not gpu:
+        parser.error("--cuda-graph needs --device cuda")
     args.feeds = args.feeds.split(",")
     args.cores_feeds = args.cores_feeds.split(",")
     args.cores = [int(c) for c in args.cores.split(",") if c]
@@ -559,6 +593,8 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(0, cores)
         torch.set_num_threads(len(cores))
     device = torch.device(args.device)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if not args.reuse_data:
         parquet = "parquet" in args.feeds or "parquet" in args.cores_feeds
         out.print(

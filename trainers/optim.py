@@ -94,12 +94,21 @@ class CombinedOptimizer(torch.optim.Optimizer):
         self._share_groups()
 
 
-def build_optimizer(model: CTRModel, config: OptimConfig) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: CTRModel, config: OptimConfig, *, capturable: bool = False
+) -> torch.optim.Optimizer:
     """One optimizer over ``model``: group ``embedding`` (the tables) and group ``dense``.
 
     With the same kind for both, a single torch optimizer with two param groups; otherwise a
     :class:`CombinedOptimizer` of one optimizer per kind. Each group carries its ``name``.
+    ``capturable``: state on the device, so ``step()`` can be captured in a CUDA graph
+    (``trainers.graphed``); only Adam keeps its step count there.
     """
+    if capturable and {config.embedding, config.dense} != {"adam"}:
+        raise ConfigError(
+            f"a CUDA graph step needs Adam for both groups (embedding={config.embedding!r}, "
+            f"dense={config.dense!r}); set both to 'adam' or turn the graph off"
+        )
     embedding_decay = config.embedding_weight_decay
     groups = {
         "embedding": (
@@ -116,7 +125,12 @@ def build_optimizer(model: CTRModel, config: OptimConfig) -> torch.optim.Optimiz
             group = {"params": params[name], "lr": lr, "weight_decay": decay, "name": name}
             parts.setdefault(kind, []).append(group)
     optimizers = {
-        kind: _KINDS[kind](part, lr=config.lr, weight_decay=config.weight_decay)
+        kind: _KINDS[kind](
+            part,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            **({"capturable": True} if capturable else {}),
+        )
         for kind, part in parts.items()
     }
     if len(optimizers) == 1:
