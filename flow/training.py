@@ -244,6 +244,10 @@ class TrainConfig:
     """Mixed precision (bf16 autocast); default on for CUDA, off on CPU."""
     compile: bool = False
     """``torch.compile`` the model."""
+    cuda_graph: bool = False
+    """Capture each training step as one CUDA graph and replay it (``trainers.graphed``): for
+    small batches, where launching the step's kernels from Python is the bottleneck. Needs
+    CUDA, one rank, Adam for the tables and the dense layers, no CowClip and no --compile."""
     shuffle_on: ShuffleOn = "auto"
     """Where the window shuffle's gather runs: ``host`` (the reader), ``device`` (the GPU, from
     windows copied in order; the same batches), ``auto``: the device on CUDA, else the host."""
@@ -346,6 +350,27 @@ class TrainConfig:
             raise ConfigError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
         self._check_early_stop()
         self._check_metrics_settings()
+        self._check_cuda_graph()
+
+    def _check_cuda_graph(self) -> None:
+        if not self.cuda_graph:
+            return
+        if self.device == "cpu":
+            raise ConfigError("--cuda-graph needs a CUDA device; leave it off with --device cpu")
+        if self.compile:
+            raise ConfigError(
+                "--cuda-graph and --compile: choose one (torch.compile graphs a model itself "
+                "with mode='reduce-overhead')"
+            )
+        if self.optim.cowclip:
+            raise ConfigError(
+                "--cuda-graph cannot capture CowClip's per-row clipping; leave --cowclip off"
+            )
+        if {self.optim.embedding, self.optim.dense} != {"adam"}:
+            raise ConfigError(
+                f"--cuda-graph needs Adam for both groups, not embedding={self.optim.embedding!r} "
+                f"and dense={self.optim.dense!r}: give --embedding-optimizer adam --optimizer adam"
+            )
 
     def _check_early_stop(self) -> None:
         if self.early_stop_on not in get_args(EarlyStopOn):
@@ -438,6 +463,7 @@ _NOT_IDENTITY = frozenset(
         "device",
         "bf16",
         "compile",
+        "cuda_graph",  # the same steps, launched at once
         "shuffle_on",  # the same batches either way
         "reader_threads",
         "log_every",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -35,7 +36,8 @@ from flow.errors import ConfigError
 
 __all__ = ["GraphedStep"]
 
-Step = Callable[[Mapping[str, Tensor]], Tensor]
+Out = TypeVar("Out", Tensor, tuple[Tensor, ...])
+"""What a step returns: a tensor (its loss) or a tuple of tensors (the loss, the logits)."""
 
 
 @contextmanager
@@ -47,28 +49,31 @@ def _eager_on_purpose() -> Iterator[None]:
         yield
 
 
-class GraphedStep:
+class GraphedStep(Generic[Out]):
     """``step(batch) -> loss``, run eagerly ``warmup`` times, then captured and replayed.
 
     ``step`` does the whole update (forward, loss, ``zero_grad(set_to_none=True)``, backward,
-    ``optimizer.step()``) and returns the loss tensor. The returned loss of a replay is the
-    graph's own output buffer: it is overwritten by the next replay, so clone it to keep it.
+    ``optimizer.step()``) and returns the loss tensor, or a tuple of tensors. What a replay
+    returns are the graph's own output buffers: the next replay overwrites them, so clone what
+    is kept.
     """
 
-    def __init__(self, step: Step, device: torch.device, *, warmup: int = 3) -> None:
+    def __init__(
+        self, step: Callable[[Mapping[str, Tensor]], Out], device: torch.device, *, warmup: int = 3
+    ) -> None:
         if device.type != "cuda":
             raise ConfigError(
                 f"a CUDA graph step needs a CUDA device, not {device}; leave the graph off there"
             )
         if warmup < 1:
             raise ConfigError(f"warmup must be >= 1 (eager steps before capture), not {warmup}")
-        self._step = step
+        self._step: Callable[[Mapping[str, Tensor]], Out] = step
         self._device = device
         self._warmup = warmup
         self._side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self._graph: torch.cuda.CUDAGraph | None = None
         self._inputs: dict[str, Tensor] = {}
-        self._loss: Tensor | None = None
+        self._out: Out | None = None
         self.steps = 0
         self.eager_steps = 0
 
@@ -76,7 +81,7 @@ class GraphedStep:
     def captured(self) -> bool:
         return self._graph is not None
 
-    def __call__(self, batch: Mapping[str, Tensor]) -> Tensor:
+    def __call__(self, batch: Mapping[str, Tensor]) -> Out:
         self.steps += 1
         if self._graph is not None:
             if self._fits(batch):
@@ -94,23 +99,23 @@ class GraphedStep:
             v.shape == inputs[k].shape and v.dtype == inputs[k].dtype for k, v in batch.items()
         )
 
-    def _replay(self, batch: Mapping[str, Tensor]) -> Tensor:
+    def _replay(self, batch: Mapping[str, Tensor]) -> Out:
         assert self._graph is not None
-        assert self._loss is not None
+        assert self._out is not None
         for name, value in batch.items():
             self._inputs[name].copy_(value, non_blocking=True)
         self._graph.replay()
-        return self._loss
+        return self._out
 
-    def _on_side_stream(self, batch: Mapping[str, Tensor]) -> Tensor:
+    def _on_side_stream(self, batch: Mapping[str, Tensor]) -> Out:
         current = torch.cuda.current_stream(self._device)
         self._side.wait_stream(current)
         with torch.cuda.stream(self._side), _eager_on_purpose():
-            loss = self._step(batch)
+            out = self._step(batch)
         current.wait_stream(self._side)
-        return loss
+        return out
 
-    def _capture(self, batch: Mapping[str, Tensor]) -> Tensor:
+    def _capture(self, batch: Mapping[str, Tensor]) -> Out:
         """Record the step on ``batch``'s copy, then replay it once to train on ``batch``."""
         self._inputs = {name: value.clone() for name, value in batch.items()}
         torch.cuda.synchronize(self._device)
@@ -118,7 +123,8 @@ class GraphedStep:
         # thread_local: the loader's thread keeps copying and allocating on its own stream
         # while this one captures; "global" would fail the capture for its calls.
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            self._loss = self._step(self._inputs)
+            out = self._step(self._inputs)
+        self._out = out
         self._graph = graph
         graph.replay()
-        return self._loss
+        return out

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,7 +35,8 @@ from flow.training import TrainConfig
 from trainers.checkpoint import Checkpointer, differences
 from trainers.data import NO_TIME
 from trainers.early_stop import EarlyStop
-from trainers.feedback import Labels, labels_for, training_loss
+from trainers.feedback import Correction, Labels, labels_for, training_loss
+from trainers.graphed import GraphedStep
 from trainers.inputs import (
     columns_of,
     device_for,
@@ -135,7 +137,16 @@ class Session:
         wait_for(config, self.say)
         self.layout = layout_of(config)
         self.model: CTRModel = build_model(config.model, self.layout).to(self.device)
-        self.optimizer = build_optimizer(self.model, config.effective_optim)
+        if config.cuda_graph and (self.device.type != "cuda" or self.world.world_size > 1):
+            raise ConfigError(
+                f"--cuda-graph runs on one CUDA device, not {self.device} with "
+                f"{self.world.world_size} rank(s); leave it off here"
+            )
+        self.optimizer = build_optimizer(
+            self.model, config.effective_optim, capturable=config.cuda_graph
+        )
+        self._graphs: dict[tuple[str, tuple[str, ...]], GraphedStep[tuple[torch.Tensor, ...]]] = {}
+        """The captured steps of ``--cuda-graph``, by loss correction and batch columns."""
         self.clip = CowClip.from_config(config.optim)
         self.early = (
             EarlyStop(
@@ -184,7 +195,10 @@ class Session:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.bf16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+            # A CUDA graph must not read casts cached outside it (trainers/graphed.py).
+            return torch.autocast(
+                self.device.type, dtype=torch.bfloat16, cache_enabled=not self.config.cuda_graph
+            )
         return contextlib.nullcontext()
 
     def state(self) -> dict[str, Any]:
@@ -390,9 +404,6 @@ class Session:
     def _step(self, batch: Batch, labels: Labels, scores: ProgressiveScores) -> torch.Tensor:
         """One optimizer step on ``batch``, scored first (progressive validation); its loss."""
         tensors = batch.tensors
-        with self.autocast():
-            logits = self.net(tensors)
-        loss = training_loss(logits, tensors, labels.correction)
         frozen = self._frozen_for(batch.channel)
         if frozen is not None:
             with torch.no_grad(), self.autocast():
@@ -403,6 +414,8 @@ class Session:
                     immediate=labels.immediate,
                     keys=batch.keys,
                 )
+        # The logits are the forward's, before the optimizer moved the weights.
+        loss, logits = self._update(tensors, labels)
         scores.add(
             batch.channel,
             logits,
@@ -413,13 +426,39 @@ class Session:
             event_time_us=batch.event_time_us,
             keys=batch.keys,
         )
+        self.step += 1
+        return loss
+
+    def _update(
+        self, tensors: dict[str, torch.Tensor], labels: Labels
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, loss, backward and optimizer step: eagerly, or replayed as a CUDA graph
+        (``--cuda-graph``; one graph per loss and set of columns, as channels differ in both).
+        The loss and the logits (detached) are the caller's to keep."""
+        if not self.config.cuda_graph:
+            return self._forward_backward(tensors, labels.correction)
+        key = (labels.correction, tuple(sorted(tensors)))
+        graphed = self._graphs.get(key)
+        if graphed is None:
+            graphed = self._graphs[key] = GraphedStep(
+                functools.partial(self._forward_backward, correction=labels.correction),
+                self.device,
+            )
+        loss, logits = graphed(tensors)
+        return loss.clone(), logits.clone()  # the graph's buffers: the next replay rewrites them
+
+    def _forward_backward(
+        self, tensors: Mapping[str, torch.Tensor], correction: Correction
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.autocast():
+            logits = self.net(tensors)
+        loss = training_loss(logits, dict(tensors), correction)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         if self.clip is not None:
             self.clip.apply(self.model, tensors)
         self.optimizer.step()
-        self.step += 1
-        return loss
+        return loss.detach(), logits.detach()
 
     def _frozen_for(self, channel: str | None) -> nn.Module | None:
         """The copy of the model frozen once ``frozen_after``'s rows ended (made at the first

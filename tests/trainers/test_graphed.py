@@ -7,16 +7,19 @@ machine); on CPU only the refusals are checked.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from flow.errors import ConfigError
-from flow.training import OptimConfig
+from flow.training import ModelConfig, OptimConfig, TrainConfig
+from tests.trainers.channels import write
 from tests.trainers.test_models import LAYOUT, NAMES, model, random_batch
 from trainers.graphed import GraphedStep
 from trainers.optim import build_optimizer
+from trainers.train import train
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 ADAM = OptimConfig(embedding="adam", dense="adam", lr=0.01, embedding_lr=None)
@@ -85,3 +88,51 @@ def test_each_replay_reads_the_new_batch_not_the_captured_one():
     _, again, _ = _trained("dlrm", batches[:3] + batches[3:4] * 3, graph=True, bf16=False)
     # Batch 4 differs from batch 3: a graph reading its captured inputs would give one loss.
     assert losses[4] != again[4]
+
+
+# -- the trainer's --cuda-graph ---------------------------------------------------------------
+
+
+def _config(root: Path, **changes: object) -> TrainConfig:
+    base: dict[str, object] = {
+        "handoff": str(root),
+        "channels": ("train",),
+        "model": ModelConfig("dlrm", embedding_dim=8, hidden=(32, 16), bottom=(16,)),
+        "optim": OptimConfig(embedding="adam", dense="adam", lr=0.01, embedding_lr=None),
+        "batch_size": 256,
+        "window_batches": 4,
+        "device": "cuda",
+        "tracking": False,
+        "log_every": 10_000,
+        "checkpoint_dir": None,
+        "eval_channel": "heldout",
+    }
+    return TrainConfig(**(base | changes))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"device": "cpu"}, "needs a CUDA device"),
+        ({"compile": True}, "choose one"),
+        ({"optim": OptimConfig(embedding="adagrad")}, "--embedding-optimizer adam"),
+        ({"optim": OptimConfig(embedding="adam", cowclip=True)}, "leave --cowclip off"),
+    ],
+)
+def test_the_trainers_cuda_graph_refuses_what_it_cannot_capture(tmp_path, changes, says):
+    with pytest.raises(ConfigError, match=says):
+        _config(tmp_path, cuda_graph=True, **changes)
+
+
+@cuda
+def test_the_trainer_with_a_cuda_graph_learns_as_the_eager_trainer_does(tmp_path):
+    # 7,000 rows in batches of 256: 27 full batches (2 eager, 1 captured, 24 replayed) and a
+    # short last one, run eagerly; progressive scores and the evaluation as without the graph.
+    write(tmp_path, "train", [4000, 3000])
+    write(tmp_path, "heldout", [3000], seed=99)
+    eager = train(_config(tmp_path), say=lambda _: None)
+    graphed = train(_config(tmp_path, cuda_graph=True), say=lambda _: None)
+    assert graphed.rows == eager.rows == 7000
+    assert graphed.metrics["auc"] > 0.75, graphed.metrics
+    assert abs(graphed.metrics["auc"] - eager.metrics["auc"]) < 0.01
+    assert abs(graphed.metrics["logloss"] - eager.metrics["logloss"]) < 0.01
