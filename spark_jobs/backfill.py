@@ -26,6 +26,8 @@ from flow.pipeline.state import FeatureState
 from spark_jobs.features import fit_state, training_rows
 from spark_jobs.handoff import export
 from spark_jobs.joins import dimension_side, label_batch
+from spark_jobs.jvm import plan_size_bytes
+from spark_jobs.partitions import shuffle_partitions
 from spark_jobs.report import StageReport
 from spark_jobs.rows import (
     channel_for,
@@ -93,6 +95,7 @@ class BackfillRun(StageRun[BackfillStage]):
     def run(self) -> tuple[StageReport, FeatureState]:
         self.check_outputs(fits=self.fits)
         rows = self.read_events()
+        self._size_shuffles(rows)
         if self.stage.label is not None:
             rows = self.label(rows, self.stage.label)
         usable = self.usable(enriched(rows, self.stage, self.dimension))
@@ -115,6 +118,14 @@ class BackfillRun(StageRun[BackfillStage]):
             f"{self.report.said_missing()}"
         )
         return report, state
+
+    def _size_shuffles(self, rows: DataFrame) -> None:
+        """Shuffle partitions by the cluster's cores and the events' size, unless given
+        (spark_jobs.partitions: Spark's 200 made a cluster backfill 2.5x slower)."""
+        partitions = shuffle_partitions(self.spark, input_bytes=plan_size_bytes(rows))
+        if partitions is not None:
+            self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+            self.progress(f"{self.stage.name}: {partitions} shuffle partitions")
 
     def _validated(
         self, df: DataFrame, source: TableSource, name: str

@@ -234,6 +234,18 @@ def executed_plan(df: DataFrame) -> JavaObject:
     return df._jdf.queryExecution().executedPlan()
 
 
+def plan_size_bytes(df: DataFrame) -> int | None:
+    """The optimizer's estimate of ``df``'s size in bytes (from the files' sizes for a table
+    scan), without running it; None when Spark has no estimate (its "unknown" is Long.MaxValue).
+
+    Reaches ``DataFrame._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()``. No
+    public way: ``explain("cost")`` prints it as text.
+    """
+    # A Scala BigInt: py4j hands it over as a Python int (str() of a Java object would do too).
+    size = int(str(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    return None if size >= 2**63 - 1 else size
+
+
 def codegen_text(df: DataFrame) -> str:
     """The Java source Spark generates for ``df`` (``explain("codegen")``'s text), to check what
     is compiled into it.

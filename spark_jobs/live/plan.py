@@ -29,11 +29,11 @@ from flow.pipeline.run import RunOptions
 from flow.pipeline.sources import PRODUCED_AT, KafkaSource
 from flow.storage import Location
 from spark_jobs.joins import deduplicated, label_stream, label_stream_immediate
-from spark_jobs.jvm import default_parallelism, launch_conf
 from spark_jobs.live.inplan import InPlanWriter
 from spark_jobs.live.records import KIND, record_column
 from spark_jobs.live.stream_writer import StreamWriter
 from spark_jobs.live.supervise import Watch, recording
+from spark_jobs.partitions import shuffle_partitions
 from spark_jobs.sources import read_kafka
 from spark_jobs.validate import REASON, barrier, parse_kafka, with_time_checks
 
@@ -227,8 +227,4 @@ class LiveQuery:
         core: spark_jobs.conf) is kept, else the cluster's cores. Never Spark's 200: a stateful
         stage commits a state store per partition and operator every micro-batch, which on a
         one-core worker made batches of seconds take minutes."""
-        if self.stage.partitions is not None:
-            return self.stage.partitions
-        if launch_conf(self.spark).contains("spark.sql.shuffle.partitions"):
-            return None
-        return max(2, default_parallelism(self.spark))
+        return shuffle_partitions(self.spark, self.stage.partitions)

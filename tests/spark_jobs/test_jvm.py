@@ -83,6 +83,16 @@ def test_default_parallelism_is_what_a_range_is_cut_into(spark: SparkSession) ->
 
 
 @pytest.mark.integration
+def test_plan_size_bytes_estimates_a_frame_without_running_it(spark: SparkSession) -> None:
+    with accessor("plan_size_bytes"):
+        small = jvm.plan_size_bytes(spark.range(1_000))
+        large = jvm.plan_size_bytes(spark.range(1_000_000))
+        assert small is not None
+        assert large is not None
+        assert 0 < small < large
+
+
+@pytest.mark.integration
 def test_job_group_local_properties_and_the_status_tracker(spark: SparkSession) -> None:
     group = f"jvm-test-{uuid.uuid4().hex[:8]}"
     with accessor("set_job_group / local_property / status_tracker"):
