@@ -2,33 +2,43 @@
 
     flow bench commits                          # 1k, 10k, 100k commits
     flow bench commits --commits 1000 10000 100000 1000000
+    flow bench commits --store moto             # on a local S3-compatible server (moto's)
+    flow bench commits --store s3://bucket/folder   # on your object store (FLOW_S3_* settings)
 
 For each length a channel of 10-row commits (one bucket, one writer) is built directly as a
 checkpoint of that many commits (segments as the log merges them; every commit names one shared
 shard file, which is all a reader's first batch opens), then measured through the public API
-on local disk: ``add_commit`` (median of 50), a new reader's time to its first batch, and a
-following reader's idle poll: its time and its filesystem requests (a counting filesystem:
-what an object store would bill). Prints a table; writes $FLOW_HOME/bench/commits-<time>.png.
+on local disk or an object store (``--store``): ``add_commit`` (median of 50), a new reader's
+time to its first batch, and a following reader's idle poll: its time and its filesystem
+requests (a counting filesystem: what an object store bills). Prints a table; writes
+$FLOW_HOME/bench/commits-<time>.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import socket
 import statistics
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from flow.config import StackConfig
+from flow.errors import ConfigError
 from flow.handoff import Channel, ChannelReader, Commit, ReadOptions
 from flow.handoff import log as commit_log
 from flow.handoff.format import WRITERS, WriterHead, head_name
-from flow.storage import counting_location
+from flow.storage import Location, counting_location, location
 
 NEEDS_SERVICES = False
 NEEDS_SPARK = False
@@ -36,7 +46,7 @@ WRITER = "bench:commits"
 SCHEMA = pa.schema([("id", pa.int64())])
 
 
-def build(root: str, commits: int) -> Channel:
+def build(root: str | Location, commits: int) -> Channel:
     """A channel whose checkpoint holds ``commits`` commits, written as the log would."""
     channel = Channel(root, "c")
     channel.create(SCHEMA, num_buckets=1)
@@ -84,19 +94,29 @@ def build(root: str, commits: int) -> Channel:
     return channel
 
 
-def measure(commits: int) -> dict[str, float]:
-    root = tempfile.mkdtemp(prefix="flow-bench-commits-")
+def measure(commits: int, store: Location | None) -> dict[str, Any]:
+    """The figures of a channel of ``commits`` commits in a new folder of ``store`` (None: a
+    local temporary folder)."""
+    root: str | Location = (
+        tempfile.mkdtemp(prefix="flow-bench-commits-")
+        if store is None
+        else store.child(f"commits-{commits}-{uuid.uuid4().hex[:8]}")
+    )
     started = time.perf_counter()
     build(root, commits)
     built = time.perf_counter() - started
-    channel = Channel(root, "c")
+    counted, commit_calls = counting_location(root)
+    channel = Channel(counted, "c")
     fingerprint = channel.meta().fingerprint
     times = []
+    requests = 0
     for b in range(commits, commits + 50):
         shard = channel.write_bucket(b, 0, pa.table({"id": np.arange(10)}), "t0")
+        before = commit_calls.total()
         t0 = time.perf_counter()
         channel.add_commit(Commit("c", b, (shard,), fingerprint, writer=WRITER))
         times.append(time.perf_counter() - t0)
+        requests += commit_calls.total() - before
     t0 = time.perf_counter()
     reader = ChannelReader(root, "c", options=ReadOptions(batch_size=8, window_rows=64))
     next(iter(reader))
@@ -121,14 +141,14 @@ def measure(commits: int) -> dict[str, float]:
     except KeyboardInterrupt:
         pass
     polls = [marks[i + 1][0] - marks[i][0] for i in range(10, 20)]
-    requests = (marks[20][1] - marks[10][1]) / 10
     return {
         "commits": commits,
         "build_s": built,
         "add_commit_ms": statistics.median(times) * 1e3,
         "first_batch_s": first,
         "idle_poll_ms": statistics.median(polls) * 1e3,
-        "requests_per_poll": requests,
+        "requests_per_commit": requests / 50,
+        "requests_per_poll": (marks[20][1] - marks[10][1]) / 10,
     }
 
 
@@ -154,28 +174,83 @@ def plot(results: list[dict[str, float]], out: Path) -> None:
     fig.savefig(out)
 
 
+@contextlib.contextmanager
+def opened(store: str) -> Iterator[Location | None]:
+    """Where to build the channels: ``local`` (None), ``moto`` (a local S3-compatible server,
+    started for the run) or a URI."""
+    if store == "local":
+        yield None
+        return
+    if store != "moto":
+        yield location(store)
+        return
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError as e:
+        raise ConfigError(
+            "--store moto needs moto's server: pip install 'moto[server]' (make setup installs "
+            "it), or give --store s3://bucket/folder"
+        ) from e
+    from pyarrow import fs as pafs
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
+    with socket.socket() as probe:  # a free port on 127.0.0.1
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        options = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+        pafs.S3FileSystem(
+            endpoint_override=f"127.0.0.1:{port}",
+            scheme="http",
+            access_key="test",
+            secret_key="test",
+            region="us-east-1",
+            allow_bucket_creation=True,
+        ).create_dir("bench")
+        yield location(f"s3://test:test@bench/commits?{options}")
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commits", type=int, nargs="+", default=[1000, 10_000, 100_000])
-    args = parser.parse_args()
-    results = []
-    print(
-        f"{'commits':>9} {'add_commit':>11} {'first batch':>12} {'idle poll':>10} {'req/poll':>9}"
+    parser.add_argument(
+        "--store",
+        default="local",
+        help="local (a temporary folder), moto (a local S3-compatible server) or a folder URI",
     )
-    for commits in args.commits:
-        r = measure(commits)
-        results.append(r)
-        print(
-            f"{commits:>9,} {r['add_commit_ms']:>9.2f}ms {r['first_batch_s']:>11.3f}s "
-            f"{r['idle_poll_ms']:>8.2f}ms {r['requests_per_poll']:>9.1f}",
-            flush=True,
-        )
+    args = parser.parse_args()
+    with opened(args.store) as store:
+        results = run(args.commits, store)
+    for r in results:
+        r["store"] = args.store if store is None or args.store == "moto" else "uri"
     folder = Path(StackConfig.from_env().home) / "bench"
     folder.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     (folder / f"commits-{stamp}.json").write_text(json.dumps(results, indent=1))
     plot(results, folder / f"commits-{stamp}.png")
     print(f"results and plot: {folder}/commits-{stamp}.{{json,png}}")
+
+
+def run(lengths: list[int], store: Location | None) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    print(
+        f"{'commits':>9} {'add_commit':>11} {'req/commit':>10} {'first batch':>12} "
+        f"{'idle poll':>10} {'req/poll':>9}"
+    )
+    for commits in lengths:
+        r = measure(commits, store)
+        results.append(r)
+        print(
+            f"{commits:>9,} {r['add_commit_ms']:>9.2f}ms {r['requests_per_commit']:>10.1f} "
+            f"{r['first_batch_s']:>11.3f}s "
+            f"{r['idle_poll_ms']:>8.2f}ms {r['requests_per_poll']:>9.1f}",
+            flush=True,
+        )
+    return results
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from flow.errors import ConfigError, ShardCorruptError
-from flow.handoff import ChannelReader, ReadOptions, World, list_channels
-from flow.storage import location
-from tests.support import Writer, read_ids
+from flow.handoff import Channel, ChannelReader, Commit, ReadOptions, World, list_channels
+from flow.storage import counting_location, location
+from tests.support import NUMBERED, Writer, read_ids
 
 
 def test_channels_are_written_listed_read_and_verified_on_s3(s3_uri: str) -> None:
@@ -38,3 +40,19 @@ def test_a_location_in_a_missing_bucket_fails_its_write_check(s3_uri: str) -> No
     missing = s3_uri.replace("@handoff/", "@no-such-bucket/")
     with pytest.raises(ConfigError, match=r"^FLOW_HANDOFF: cannot write to s3://no-such-bucket/"):
         location(missing).check_writable("FLOW_HANDOFF")  # and the credentials are not shown
+
+
+def test_a_commit_on_s3_makes_no_folders_first(s3_uri: str) -> None:
+    # Folders are key prefixes on an object store: pyarrow's create_dir would cost a HEAD or a
+    # marker PUT per level on each of a commit's writes (flow/handoff/README.md).
+    root = location(s3_uri).child("requests")
+    writer = Writer(root.uri, "c", buckets=1)
+    writer.commit([10])
+    counted, calls = counting_location(root)
+    channel = Channel(counted, "c")
+    rows = pa.table({"id": np.arange(10), "x": [[0.0, 1.0, 2.0]] * 10}, schema=NUMBERED)
+    shard = channel.write_bucket(1, 0, rows, "t")
+    calls.calls.clear()
+    channel.add_commit(Commit("c", 1, (shard,), channel.meta().fingerprint, writer="w"))
+    assert "mkdir" not in calls.calls, calls.calls
+    assert calls.total() <= 10, calls.calls
