@@ -35,6 +35,12 @@ class ConfigError(FlowError, ValueError):
     """A setting has a value that cannot work; the message names the setting."""
 
 
+class DeadLetterBudgetError(FlowError):
+    """A stage's input has more dead letters than its bound allows: most likely a wrong spec (a
+    label column that is not 0/1) or broken input, not a few bad records. Nothing was written;
+    the message names the top reason, an example, and the setting that raises the bound."""
+
+
 class LoadError(FlowError, ValueError):
     """Input data cannot be loaded as it is (``flow load``, ``flow import``); the message names
     the file, the column, the row and value, and the option or the data to change."""

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from flow.config import StackConfig
-from flow.errors import ConfigError
+from flow.errors import ConfigError, DeadLetterBudgetError
 from flow.handoff import Channel
 from flow.pipeline.model import BackfillStage, Enrich, HandoffOutput, LabelJoin, Pipeline
 from flow.pipeline.sources import PRODUCED_AT, DeltaSource, IcebergSource, TableSource
@@ -99,6 +99,7 @@ class BackfillRun(StageRun[BackfillStage]):
         if self.stage.label is not None:
             rows = self.label(rows, self.stage.label)
         usable = self.usable(enriched(rows, self.stage, self.dimension))
+        self._check_dead_share()
         state = self.fit_or_load(usable)
         self.ensure_namespace()
         training = training_rows(usable, self.stage.features, state)
@@ -191,6 +192,34 @@ class BackfillRun(StageRun[BackfillStage]):
         self.report.dimension_misses = dict(zip(misses, found[1:], strict=True))
         self.dead.append(unusable)
         return usable
+
+    def _check_dead_share(self) -> None:
+        """Fail before fitting or writing when more of the events are dead letters than the
+        stage's ``max_dead_share``: one line with the top reason and an example."""
+        total, dead = self.report.events_input, self.report.events_dead
+        bound = self.stage.max_dead_share
+        if total == 0 or dead / total <= bound:
+            return
+        reasons = (
+            reduce(DataFrame.unionByName, self.dead)
+            .groupBy("reason")
+            .agg(F.count(F.lit(1)).alias("n"), F.first("raw").alias("example"))
+            .orderBy(F.desc("n"))
+            .first()
+        )
+        top = (
+            f"; the most common reason: {reasons['reason']} ({reasons['n']:,} rows), e.g. "
+            f"{_shown(reasons['example'])}"
+            if reasons
+            else ""
+        )
+        raise DeadLetterBudgetError(
+            f"{self.stage.name}: {dead:,} of {total:,} {self.stage.events} rows "
+            f"({dead / total:.1%}) are dead letters, over the stage's bound of {bound:.0%}{top}. "
+            "Nothing was written: fix the input or the spec (a label must be 0/1: derive it, "
+            "e.g. Derived('label', 'rating >= 4', type='int')), or raise "
+            f"BackfillStage({self.stage.name!r}, max_dead_share=...)"
+        )
 
     def fit_or_load(self, usable: DataFrame) -> FeatureState:
         """The state fitted on ``usable`` and saved by version (LATEST moves at the end of
@@ -291,6 +320,12 @@ class BackfillRun(StageRun[BackfillStage]):
         rows.writeTo(table).overwrite(
             (F.col("pipeline") == self.pipeline.name) & (F.col("stage") == self.stage.name)
         )
+
+
+def _shown(raw: bytes | bytearray | None, limit: int = 160) -> str:
+    """A dead letter's raw row, short enough for one line."""
+    text = bytes(raw).decode("utf-8", "replace") if raw is not None else "(no row)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def run_backfill(

@@ -181,8 +181,21 @@ class BackfillStage(Definition):
     derive: tuple[Derived, ...] = ()
     """Columns computed after the label join and the enrichments (see :class:`Derived`)."""
     fit: bool = True
+    max_dead_share: float = 0.05
+    """The share of the events that may be dead letters (unparseable, failing their checks, a
+    label or weight that cannot train, a dimension key not found with ``on_missing=
+    "dead_letter"``). Above it the stage fails before it fits or writes anything, naming the
+    top reason: a label of 1-5 makes most rows dead, and a run that trains on the rest is worse
+    than no run. 1.0 turns the check off."""
 
     streaming = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_dead_share <= 1.0:
+            raise ConfigError(
+                f"BackfillStage({self.name!r}).max_dead_share={self.max_dead_share}: give a "
+                "share in [0, 1] (0.05: at most 5 % of the events may be dead letters)"
+            )
 
 
 @dataclass(frozen=True)

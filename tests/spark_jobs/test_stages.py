@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from flow.config import StackConfig
-from flow.errors import ConfigError
+from flow.errors import ConfigError, DeadLetterBudgetError
 from flow.handoff import Channel, Commit
 from flow.pipeline import (
     BackfillStage,
@@ -153,6 +153,7 @@ class Lake:
         strategy: LabelStrategy = "window",
         weight: str | float = 1.0,
         on_missing: Literal["keep", "dead_letter"] = "keep",
+        max_dead_share: float = 1.0,
         **live: Any,
     ) -> Pipeline:
         topic = f"{self.ns}.impressions"
@@ -189,6 +190,8 @@ class Lake:
                     enrich=enrich,
                     features=features(weight),
                     channel="backfill",
+                    # A world of a few rows, many of them bad on purpose: no budget.
+                    max_dead_share=max_dead_share,
                 ),
                 LiveStage(
                     "live",
@@ -346,6 +349,25 @@ def test_a_full_backfill_of_new_snapshots_is_refused_and_tables_remain_an_option
         == report.training_rows
         == 5
     )
+
+
+def test_a_backfill_with_more_dead_letters_than_its_bound_fails_and_writes_nothing(
+    spark: SparkSession, world: Lake
+) -> None:
+    # 3 of the 8 events are dead letters (37.5 %), over a bound of 5 %, the default.
+    pipeline = world.pipeline(max_dead_share=0.05)
+    stage = pipeline.stage("backfill", BackfillStage)
+    with pytest.raises(DeadLetterBudgetError) as raised:
+        run_backfill(spark, pipeline, stage, world.stack)
+    said = str(raised.value)
+    assert said.startswith("backfill: 3 of 8 hist rows (37.5%) are dead letters, over the")
+    assert "the most common reason: " in said
+    assert "e.g. {" in said  # an example row
+    assert "max_dead_share=" in said
+    assert "\n" not in said
+    assert not Channel(f"{world.stack.handoff}/{world.ns}", "backfill").exists()
+    states = Path(states_location(world.stack, world.ns).path)  # probed for writing, no more
+    assert not [f for f in states.rglob("*") if f.is_file()], "nothing was fitted"
 
 
 def test_an_unwritable_handoff_stops_a_backfill_before_it_reads_or_fits(
