@@ -69,6 +69,17 @@ class Location:
             self.fs, f"{self.path}/{suffix}", f"{base.rstrip('/')}/{suffix}{sep}{query}", self.s3
         )
 
+    @property
+    def name(self) -> str:
+        """The folder's own name (the last part of its path)."""
+        return self.path.rsplit("/", 1)[-1]
+
+    def parent(self) -> Location:
+        """The folder holding this one (a URI's options kept)."""
+        base, sep, query = self.uri.partition("?")
+        head = base.rstrip("/").rsplit("/", 1)[0]
+        return Location(self.fs, self.path.rsplit("/", 1)[0], f"{head}{sep}{query}", self.s3)
+
     def _local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
 

@@ -437,10 +437,14 @@ class TrainConfig:
     def identity(self) -> dict[str, Any]:
         """The settings that make this run's result: what it reads, the model, how it learns.
 
-        A checkpoint records them, and only a run with the same ones resumes it. Left out: how
+        A checkpoint records them (after defaults are applied: :attr:`effective_optim`), and
+        only a run with the same ones resumes it; the default checkpoint folder is named by
+        them, so other settings train in a folder of their own. Left out: how
         long it trains (``epochs``, ``max_steps``: raising them goes on from a checkpoint), where
         and how fast it runs, and what it reports."""
-        data = config_to_dict(self)
+        # The effective settings, defaults applied: a default that another setting changes
+        # (the embedding L2 of several epochs) changes the run, so it changes the identity.
+        data = config_to_dict(replace(self, optim=self.effective_optim))
         return {k: v for k, v in sorted(data.items()) if k not in _NOT_IDENTITY}
 
     def resolved(self, stack: StackConfig) -> TrainConfig:

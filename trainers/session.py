@@ -31,7 +31,7 @@ from flow.errors import ConfigError
 from flow.handoff import Channel
 from flow.storage import Location, location
 from flow.tracking import Run
-from flow.training import TrainConfig
+from flow.training import TrainConfig, fingerprint
 from trainers.checkpoint import Checkpointer, differences
 from trainers.data import NO_TIME
 from trainers.early_stop import EarlyStop
@@ -232,7 +232,7 @@ class Session:
         folder = self.checkpoints.folder
         found = self.checkpoints.load()
         if found is None:
-            self.say(f"checkpoints: {folder} (none yet: training from the start)")
+            self.say(f"checkpoints: {folder} (none yet: training from the start{self._others()})")
             return None
         state, cursor = found
         differ = differences(state, self._belongs_to())
@@ -252,6 +252,28 @@ class Session:
         self._check_left(state, folder)
         self.say(f"resumed from the checkpoint of step {self.step} in {folder}")
         return self.step
+
+    def _others(self) -> str:
+        """``; N run(s) of other settings beside it`` when the checkpoint folder is the default
+        one named by the settings and has siblings of the same model: a user who changed a
+        setting sees why nothing was resumed."""
+        if self.checkpoints is None:
+            return ""
+        folder = self.checkpoints.folder
+        model = f"{self.config.model.name}-"
+        if folder.name != model + fingerprint(self.config.identity()):
+            return ""  # a folder the user named
+        try:
+            names = folder.parent().list(folders=True)
+        except OSError:
+            return ""
+        others = sorted(n for n in names if n.startswith(model) and n != folder.name)
+        if not others:
+            return ""
+        return (
+            f"; {len(others)} run(s) of other settings beside it, e.g. {others[0]}: settings "
+            "that change the run, defaults included, train in a folder of their own"
+        )
 
     def _check_left(self, state: dict[str, Any], folder: Location) -> None:
         """Refuse to resume a run with nothing left to read (its epochs, or the channels it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import shutil
@@ -18,7 +19,7 @@ import torch
 
 from flow.errors import ConfigError
 from flow.handoff import Channel, World
-from flow.training import ModelConfig, OptimConfig, TrainConfig
+from flow.training import ModelConfig, OptimConfig, TrainConfig, fingerprint
 from tests.support import REPO
 from tests.trainers.channels import write, write_delayed
 from trainers import lazy
@@ -409,3 +410,32 @@ def test_a_model_frozen_after_the_backfill_scores_the_later_rows_beside_the_trai
     # Without the label key's column, an immediate channel can only be scored row by row.
     assert any("AUC over rows (pass the label join's key through" in line for line in lines)
     assert "auc_impressions" not in live
+
+
+def test_the_identity_is_of_the_effective_settings(tmp_path: Path) -> None:
+    # More than one epoch turns on the embedding L2 by default: another run, another identity;
+    # the number of epochs itself is not (more of them goes on from a checkpoint).
+    assert config(tmp_path, epochs=2).identity() != config(tmp_path, epochs=1).identity()
+    assert config(tmp_path, epochs=2).identity() == config(tmp_path, epochs=3).identity()
+    explicit = OptimConfig(lr=0.01, embedding_weight_decay=0.0)
+    assert config(tmp_path, epochs=2, optim=explicit).identity() == config(tmp_path).identity()
+
+
+def test_a_run_of_other_effective_settings_trains_in_its_own_folder_and_says_so(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, "train", [1000, 1000])
+
+    def named(**changes: object) -> TrainConfig:
+        """The run in the folder its settings name, as TrainConfig.resolved() names it."""
+        cfg = config(tmp_path, checkpoint_dir=None, **changes)
+        folder = tmp_path / "checkpoints" / f"dlrm-{fingerprint(cfg.identity())}"
+        return dataclasses.replace(cfg, checkpoint_dir=str(folder))
+
+    one, several = named(), named(epochs=2)
+    assert one.checkpoint_dir != several.checkpoint_dir
+    train(one, say=lambda _: None)
+    said: list[str] = []
+    result = train(several, say=said.append)
+    assert result.resumed_from is None
+    assert any("none yet" in s and "1 run(s) of other settings beside it" in s for s in said), said
