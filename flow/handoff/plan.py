@@ -6,7 +6,8 @@ assignment, a restarted reader recomputes exactly the sequence it was in, and th
 property-tested without touching a file.
 
 * **Ownership.** A shard belongs to rank ``bucket % world_size``; each owner reads its shards in
-  an order permuted by ``(seed, epoch, commit, owner)``.
+  an order permuted by ``(seed, epoch, commit, owner)``. Any world size works: when it does not
+  divide the bucket count some ranks own one bucket more, and balancing evens the rows out.
 * **Balance.** Within each commit, owners with more rows than their share hand the tail of
   their sequence to ranks with fewer, so every rank gets ``floor`` or ``ceil`` of
   ``rows / world_size``; a commit's extra rows go to the ranks with the fewest rows so far, which
@@ -65,16 +66,6 @@ class World:
         """RANK and WORLD_SIZE as torchrun sets them (0 and 1 when absent)."""
         env = os.environ if env is None else env
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)))
-
-
-def check_world(num_buckets: int, world_size: int) -> None:
-    if num_buckets % world_size:
-        sizes = [w for w in range(1, num_buckets + 1) if num_buckets % w == 0]
-        raise ConfigError(
-            f"a world of {world_size} ranks cannot split {num_buckets} buckets evenly; use a "
-            f"world size dividing {num_buckets} ({', '.join(map(str, sizes))}) or write the "
-            "channel with a bucket count your world size divides"
-        )
 
 
 @dataclass(frozen=True)

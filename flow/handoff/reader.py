@@ -40,7 +40,6 @@ from flow.handoff.plan import (
     Window,
     World,
     batch_sizes,
-    check_world,
     targets,
 )
 from flow.handoff.sequence import MissingCommit
@@ -111,7 +110,6 @@ class ChannelReader:
         if self.options.batch_size < 2:
             raise ConfigError(f"batch_size={self.options.batch_size} must be at least 2")
         meta = self.channel.meta()  # raises, naming what exists, before the first batch
-        check_world(meta.num_buckets, self.world.world_size)
         outside = sorted(b for b in self.options.buckets or () if not 0 <= b < meta.num_buckets)
         if outside:
             raise ConfigError(

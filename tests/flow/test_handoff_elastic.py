@@ -141,7 +141,7 @@ def left_rows(setup: Setup, rest: Remainder) -> Counter[tuple[int, int, int]]:
 @st.composite
 def setups(draw: st.DrawFn) -> tuple[Setup, int, list[int]]:
     buckets = draw(st.sampled_from([2, 4, 6, 12]))
-    worlds = [w for w in range(1, buckets + 1) if buckets % w == 0]
+    worlds = list(range(1, 9))  # any world size, dividing the buckets or not
     commits: Commits = []
     for k in range(draw(st.integers(1, 5))):
         shard_rows = draw(st.lists(st.integers(0, 150), min_size=0, max_size=6))
@@ -294,10 +294,14 @@ def resume_world(
     return readers
 
 
-def channel(root: Path, follow: bool) -> list[int]:
-    w = Writer(root, "c", buckets=6)
+def channel(root: Path, follow: bool, buckets: int = 6) -> list[int]:
+    w = Writer(root, "c", buckets=buckets)
     written: list[int] = []
-    for sizes in ([210, 90, 333, 41, 7, 120], [17], [400, 400, 12, 7], [64, 65, 3]):
+    commits = [[210, 90, 333, 41, 7, 120], [17], [400, 400, 12, 7], [64, 65, 3]]
+    if buckets > 6:  # a shard in every bucket: owners of 22 and of 21 buckets (64 on 3 ranks)
+        rng = np.random.default_rng(buckets)
+        commits = [rng.integers(0, 40, buckets).tolist() for _ in range(3)] + [[5, 9]]
+    for sizes in commits:
         written += w.commit(sizes)
     if follow:
         w.channel.close()
@@ -305,11 +309,16 @@ def channel(root: Path, follow: bool) -> list[int]:
 
 
 @pytest.mark.parametrize("follow", [False, True], ids=["finite", "following"])
-@pytest.mark.parametrize(("old", "new"), [(2, 1), (1, 3), (3, 2)])
+@pytest.mark.parametrize(
+    ("old", "new", "buckets"),
+    # World sizes need not divide the bucket count: a shard's owner is bucket % world, and the
+    # plan balances rows across ranks whatever each owns.
+    [(2, 1, 6), (1, 3, 6), (3, 2, 6), (1, 3, 64), (3, 2, 64), (2, 6, 64), (5, 3, 64)],
+)
 def test_an_epoch_stopped_by_n_ranks_is_finished_by_m_ranks_every_row_once(
-    tmp_path: Path, old: int, new: int, follow: bool
+    tmp_path: Path, old: int, new: int, buckets: int, follow: bool
 ) -> None:
-    written = channel(tmp_path, follow)
+    written = channel(tmp_path, follow, buckets)
     options = ReadOptions(batch_size=32, window_rows=200, seed=3, follow=follow)
     read, cursors = stop_world(tmp_path, old, options, [11] * old)
     readers = resume_world(tmp_path, new, options, cursors)

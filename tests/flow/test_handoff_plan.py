@@ -18,7 +18,6 @@ from flow.handoff.plan import (
     World,
     assign,
     batch_sizes,
-    check_world,
     rank_totals,
 )
 
@@ -40,7 +39,8 @@ class Case:
 @st.composite
 def cases(draw: st.DrawFn) -> Case:
     buckets = draw(st.sampled_from([1, 2, 4, 6, 8]))
-    world = draw(st.sampled_from([w for w in range(1, buckets + 1) if buckets % w == 0]))
+    # Any world size, dividing the bucket count or not, more ranks than buckets too.
+    world = draw(st.integers(1, 8))
     commits = []
     for k in range(draw(st.integers(1, 5))):
         shard_rows = draw(st.lists(st.integers(0, 150), min_size=0, max_size=6))
@@ -163,10 +163,7 @@ def test_owners_keep_their_buckets_when_the_split_is_even() -> None:
         assert {commit[s.index].bucket for s in mine} == {rank}
 
 
-def test_world_sizes_must_divide_the_buckets() -> None:
-    check_world(12, 4)
-    with pytest.raises(ConfigError, match=r"cannot split 12 buckets evenly.*1, 2, 3, 4, 6, 12"):
-        check_world(12, 5)
+def test_a_world_comes_from_torchruns_variables() -> None:
     assert World.from_env({"RANK": "3", "WORLD_SIZE": "4"}) == World(3, 4)
     with pytest.raises(ConfigError, match="rank 4 is not in a world of 4"):
         World(4, 4)
