@@ -211,14 +211,15 @@ def _reasons(
     label: str | None,
     layout: Mapping[str, Any] | None,
     required: tuple[str, ...] = (),
-) -> list[str]:
-    """Per row, why it cannot train ('' if it can). ``required``: columns the channel holds
-    without nulls."""
-    reasons: list[list[str]] = [[] for _ in range(table.num_rows)]
+) -> dict[int, str]:
+    """Why each row that cannot train cannot, by its place (rows that can are absent: a
+    million good rows cost a few vectorized checks, not a million lists). ``required``:
+    columns the channel holds without nulls."""
+    reasons: dict[int, list[str]] = {}
 
     def add(mask: Any, text: str) -> None:
-        for i in np.flatnonzero(np.asarray(mask, dtype=bool)):
-            reasons[i].append(text)
+        for i in np.flatnonzero(np.asarray(mask, dtype=bool)).tolist():
+            reasons.setdefault(i, []).append(text)
 
     for name in required:
         if name != label and name not in sizes:
@@ -230,32 +231,34 @@ def _reasons(
         nulls = column.is_null().to_numpy(zero_copy_only=False)
         add(nulls, f"{name} is null")
         lengths = pc.fill_null(pc.list_value_length(column), size).to_numpy(zero_copy_only=False)
-        for i in np.flatnonzero(lengths != size):
-            reasons[i].append(f"{name} has {lengths[i]} values, not {size}")
+        for i in np.flatnonzero(lengths != size).tolist():
+            reasons.setdefault(i, []).append(f"{name} has {lengths[i]} values, not {size}")
         inner = pc.list_flatten(column)
         if inner.null_count:
             starts = np.concatenate([[0], np.cumsum(np.where(nulls, 0, lengths))])
             owner = np.searchsorted(starts, np.flatnonzero(inner.is_null()), side="right") - 1
-            for i in np.unique(owner):
-                reasons[i].append(f"{name} holds a null")
+            for i in np.unique(owner).tolist():
+                reasons.setdefault(i, []).append(f"{name} holds a null")
     if layout is not None and layout.get("sparse") and "sparse" in sizes:
         cards = np.array([int(c) for _n, c in layout["sparse"]], dtype=np.int64)
         width = len(cards)
-        ok = np.flatnonzero([not r for r in reasons])
+        good = np.ones(table.num_rows, dtype=bool)
+        good[list(reasons)] = False
+        ok = np.flatnonzero(good)
         if len(ok):
             values = pc.list_flatten(table.column("sparse").take(pa.array(ok)))
             block = np.asarray(values.to_numpy(zero_copy_only=False)).reshape(len(ok), width)
             bad = (block < 0) | (block >= cards)
             names = [n for n, _c in layout["sparse"]]
             for row, j in zip(*np.nonzero(bad), strict=True):
-                reasons[ok[row]].append(
+                reasons.setdefault(int(ok[row]), []).append(
                     f"sparse[{j}] ({names[j]}) = {block[row, j]} is outside 0..{cards[j] - 1}"
                 )
-    return ["; ".join(r) for r in reasons]
+    return {i: "; ".join(r) for i, r in sorted(reasons.items())}
 
 
-def _dead_letters(table: pa.Table, reasons: list[str]) -> pa.Table:
-    bad = [i for i, r in enumerate(reasons) if r]
+def _dead_letters(table: pa.Table, reasons: dict[int, str]) -> pa.Table:
+    bad = list(reasons)
     rows = table.take(pa.array(bad, type=pa.int64())).to_pylist() if bad else []
     return pa.table(
         {
@@ -417,7 +420,9 @@ def write_table(
             "dead_letters='return' to commit the others and get these back"
         )
     if letters.num_rows:
-        table = table.filter(pa.array([not r for r in reasons]))
+        keep = np.ones(table.num_rows, dtype=bool)
+        keep[list(reasons)] = False
+        table = table.filter(pa.array(keep))
     batch = batch_id if batch_id is not None else _next_batch(target, writer)
     if target.exists() and target.committed(batch):
         done = target.commit(batch)
@@ -440,7 +445,11 @@ def write_table(
     target.reopen()
     target.wait_for_room()
     keys = table.column(shuffle_key) if shuffle_key is not None else None
-    assigned = assign_buckets(table.num_rows, buckets, seed + batch, keys)
+    # A key's bucket is the same in every batch (so on the same rank of a world size); the
+    # round-robin deal is drawn anew each batch.
+    assigned = assign_buckets(
+        table.num_rows, buckets, seed if keys is not None else seed + batch, keys
+    )
     shards: list[ShardInfo] = []
     for bucket in range(buckets):
         rows = np.flatnonzero(assigned == bucket)

@@ -82,6 +82,19 @@ def test_buckets_round_robin_or_by_key_are_pure_functions() -> None:
     assert nulls[0] == nulls[2]
 
 
+def test_a_key_keeps_its_bucket_from_batch_to_batch(tmp_path: Path) -> None:
+    first = write_table(tmp_path, "c", _frame(70), shuffle_key="user", num_buckets=4)
+    second = write_table(tmp_path, "c", _frame(70, start=70), shuffle_key="user")
+    assert first.commit is not None
+    assert second.commit is not None
+    buckets: dict[str, int] = {}
+    for commit in (first.commit, second.commit):
+        for shard in commit.shards:
+            table = pa.ipc.open_file(str(tmp_path / "c" / shard.path)).read_all()
+            for user in table.column("user").to_pylist():
+                assert buckets.setdefault(user, shard.bucket) == shard.bucket, user
+
+
 def test_a_retry_of_a_batch_id_writes_nothing_and_other_rows_are_refused(tmp_path: Path) -> None:
     first = write_table(tmp_path, "c", _frame(), batch_id=5)
     shards = sorted(p.name for p in (tmp_path / "c" / SHARDS).rglob("*.arrow"))
