@@ -15,7 +15,12 @@ COPY flow/ flow/
 COPY spark_jobs/ spark_jobs/
 COPY trainers/ trainers/
 COPY pipelines/ pipelines/
-RUN pip install --no-cache-dir -c requirements/constraints.txt '.[spark,prod]'
+# EXTRAS=spark,train,prod adds torch for `flow retrain`, which runs the backfill and
+# a trainer in one container (examples/schedulers/retrain-cronjob.yaml):
+#   docker build -f docker/spark.Dockerfile --build-arg EXTRAS=spark,train,prod \
+#       -t primus-flow/retrain:0.1.0 .
+ARG EXTRAS=spark,prod
+RUN pip install --no-cache-dir -c requirements/constraints.txt ".[${EXTRAS}]"
 
 # Containers run as `flow`, not root. The folders it writes are made here, owned by it, so a
 # named volume mounted on one of them starts with that owner (compose copies it on first use).

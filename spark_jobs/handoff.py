@@ -26,6 +26,7 @@ from flow.errors import HandoffError
 from flow.handoff import Channel, ChannelMeta, Commit, ShardInfo
 from flow.handoff.format import schema_fingerprint
 from flow.handoff.shards import fixed_size_lists
+from flow.handoff.write import check_writer
 from spark_jobs.arrow_batches import sized_batches
 from spark_jobs.constants import batch_value
 from spark_jobs.jvm import default_parallelism, executed_plan
@@ -303,21 +304,6 @@ def export(
         stats=stats,
         progress=progress,
     )()
-
-
-def check_writer(channel: Channel, writer: str) -> None:
-    """Refuse a channel whose last commit another writer made: its batch ids would be mistaken
-    for replays of ``writer``'s."""
-    if not channel.exists():
-        return
-    ids = channel.commit_ids()
-    owner = channel.commit(ids[-1]).writer if ids else None
-    if owner and owner != writer:
-        raise HandoffError(
-            f"channel {channel.name!r} in {channel.root} was written by {owner}, not "
-            f"{writer} (a reset checkpoint starts its batch ids again); write to a new "
-            "channel or remove this one"
-        )
 
 
 def open_channel(channel: Channel, schema: pa.Schema, options: ExportOptions) -> ChannelMeta:

@@ -22,10 +22,61 @@ from flow.errors import FlowError
 from flow.secrets import redact_argv
 
 __all__ = [
-    "bench", "launch", "on_warm_driver", "run", "spark_args", "spark_launcher", "submit",
+    "bench", "launch", "on_warm_driver", "own_options_first", "run", "spark_args",
+    "spark_launcher", "submit",
 ]  # fmt: skip
 
 _passthrough = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+#: spark-submit's options that take no value (SparkSubmitOptionParser's switches); every other
+#: spark-submit option takes one, as the next word or after ``=``.
+SPARK_SWITCHES = frozenset(
+    {"--help", "-h", "--supervise", "--usage-error", "--verbose", "-v", "--version"}
+)
+#: Where APP and its arguments start, in a command's usage and help.
+_APP = "[SPARK-SUBMIT OPTIONS] APP [APP ARGS]..."
+
+
+def own_options_first(args: Sequence[str], own: dict[str, bool]) -> list[str]:
+    """``args`` with ``flow``'s own options (``own``: name -> takes a value) moved before
+    spark-submit's, so that they are recognised wherever they stand before APP.
+
+    Click stops reading options at the first word it does not know (spark-submit's
+    ``--master``), after which ``--train`` would reach spark-submit. APP is the first word that
+    is neither an option nor an option's value; from APP on, every word is the application's.
+    """
+    first: list[str] = []
+    rest: list[str] = []
+    words = list(args)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        name = word.split("=", 1)[0]
+        if name in own:
+            takes = own[name] and "=" not in word
+            first += words[i : i + 1 + takes]
+            i += 1 + takes
+        elif word == "--":
+            break
+        elif word.startswith("-") and len(word) > 1:
+            takes = "=" not in word and word not in SPARK_SWITCHES
+            rest += words[i : i + 1 + takes]
+            i += 1 + takes
+        else:
+            break  # APP
+    return [*first, *rest, *words[i:]]
+
+
+class _FlowThenSpark(click.Command):
+    """A command of flow's options and spark-submit's, in any order before APP."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        own: dict[str, bool] = {}
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Option):
+                for name in [*param.opts, *param.secondary_opts]:
+                    own[name] = not param.is_flag
+        return super().parse_args(ctx, own_options_first(args, own))
 
 
 def _abbreviated(argv: Sequence[str]) -> str:
@@ -153,21 +204,21 @@ def _connectors(text: str | None) -> frozenset[str] | None:
     return None if text is None else parse_connectors(text)
 
 
-@click.command(context_settings=_passthrough)
+@click.command(cls=_FlowThenSpark, context_settings=_passthrough)
 @click.option("--connectors", metavar="LIST", default="all", help=_CONNECTORS_HELP)
-@click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True, metavar=_APP)
 @friendly
 def submit(argv: tuple[str, ...], connectors: str) -> None:
     """spark-submit APP with the stack's jars, catalogs and Kafka settings.
 
     Options before APP go to spark-submit and win over the stack's (--master, --conf k=v, ...);
-    arguments after APP go to the application. --connectors (before APP) leaves out the jars
-    of connectors APP does not use.
+    arguments after APP go to the application. --connectors (anywhere before APP) leaves out
+    the jars of connectors APP does not use.
     """
     _exit(launch(argv, stack_config(), connectors=_connectors(connectors)), argv)
 
 
-@click.command(context_settings=_passthrough)
+@click.command(cls=_FlowThenSpark, context_settings=_passthrough)
 @click.option(
     "--train",
     "train_args",
@@ -192,7 +243,7 @@ def submit(argv: tuple[str, ...], connectors: str) -> None:
     is_flag=True,
     help="Start a driver of its own even when a warm one (flow driver start) could run it.",
 )
-@click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True, metavar=_APP)
 @friendly
 def run(
     argv: tuple[str, ...],
@@ -203,6 +254,9 @@ def run(
     cold: bool,
 ) -> None:
     """Bring the local stack up, then submit APP on it (like `flow submit`).
+
+    flow's options below go anywhere before APP, before or after spark-submit's (--master,
+    --conf k=v, ...); words after APP are the application's arguments.
 
     With --train or --train-config, a trainer (torchrun -m trainers train, following the job's
     channels) runs beside the job and both nest under one MLflow run; the trainer ends after

@@ -121,11 +121,19 @@ def retrain(
     Exit code: 0 promoted, 3 kept (the champion stays), 4 nothing new, 5 busy (another
     retraining of the pipeline is running), 1 an error.
     """
-    from flow.workflows.retrain import EXIT_CODES, RetrainSettings, load_pipeline
+    from flow.workflows.retrain import (
+        EXIT_CODES,
+        RetrainSettings,
+        load_pipeline,
+        services_needed,
+    )
     from flow.workflows.retrain import retrain as run_retrain
 
-    stack = stack_up()
-    name = model_name or load_pipeline(app).name
+    pipeline = load_pipeline(app)
+    # Only what a retraining uses, and none configured as external is started: a scheduler's
+    # worker pointed at remote MLflow must not grow a local broker and tracking server.
+    stack = stack_up(services_needed(pipeline))
+    name = model_name or pipeline.name
     settings = RetrainSettings(name, margin, holdout_share, train_args)
     launcher = spark_launcher(stack, warm=not cold)
     outcome = run_retrain(stack, app, settings, launcher, progress)

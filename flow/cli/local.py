@@ -157,12 +157,14 @@ def jars_list(profile: str) -> None:
         click.echo(str(jar))
 
 
-def stack_up() -> StackConfig:
-    """The local stack, brought up; a FlowError naming the services that are not healthy."""
+def stack_up(only: tuple[str, ...] = ()) -> StackConfig:
+    """The local stack, brought up (``only`` those services; default all); a FlowError naming
+    the services that are not healthy. Services configured as external are checked, never
+    started."""
     from flow import stack as svc
 
     stack = stack_config()
-    rows = svc.up(stack, progress=progress)
+    rows = svc.up(stack, only, progress=progress)
     unhealthy = [r for r in rows if not r.healthy]
     if unhealthy:
         console.print(status_table(rows))

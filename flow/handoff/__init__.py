@@ -7,6 +7,9 @@ commits. Storage is anything ``pyarrow.fs`` opens (local disk, S3, HDFS, GCS).
     from flow.handoff import ChannelReader, ReadOptions, World
     for batch in ChannelReader("s3://bucket/handoff/ctr", "live", world=World(rank, size)):
         ...
+
+Without Spark, ``write_table(location, channel, table_or_dataframe, batch_id=...)`` writes the
+same shards and commits from pandas or pyarrow.
 """
 
 from flow.handoff.channel import Channel, ConsumerPosition, list_channels
@@ -22,6 +25,7 @@ from flow.handoff.reader import ChannelReader, ReadOptions, ReadStats, every_ran
 from flow.handoff.sequence import MissingCommit
 from flow.handoff.slices import WindowRows, WindowSlice
 from flow.handoff.verify import Problem, VerifyReport
+from flow.handoff.write import WriteResult, write_table
 
 __all__ = [
     "Channel",
@@ -40,8 +44,10 @@ __all__ = [
     "WindowRows",
     "WindowSlice",
     "World",
+    "WriteResult",
     "WriterHead",
     "convert",
     "every_rank",
     "list_channels",
+    "write_table",
 ]

@@ -37,7 +37,14 @@ from flow.tracking import PARENT_RUN_ENV, MlflowTracker
 from flow.training import TrainConfig, parse_args, save_config
 from flow.workflows.schedule import exclusive
 
-__all__ = ["EXIT_CODES", "RetrainOutcome", "RetrainSettings", "load_pipeline", "retrain"]
+__all__ = [
+    "EXIT_CODES",
+    "RetrainOutcome",
+    "RetrainSettings",
+    "load_pipeline",
+    "retrain",
+    "services_needed",
+]
 
 DONE = ("promoted", "kept")
 EXIT_CODES: dict[str, int] = {"promoted": 0, "kept": 3, "nothing-new": 4, "busy": 5}
@@ -70,6 +77,15 @@ def load_pipeline(app: str) -> Pipeline:
             "(as pipelines/ctr_backfill.py has ctr_backfill())"
         )
     return pipeline
+
+
+def services_needed(pipeline: Pipeline) -> tuple[str, ...]:
+    """The stack's services a retraining of ``pipeline`` uses (``flow.stack.SERVICE_NAMES``):
+    the catalog its backfill reads and MLflow (runs, registry); Kafka only for a pipeline with
+    Kafka sources. Left out, a service is neither started nor checked: on a scheduler's worker
+    configured for remote MLflow, a local broker would be a process nobody asked for."""
+    kafka = ("kafka",) if "kafka" in pipeline.connectors() else ()
+    return (*kafka, "iceberg", "mlflow")
 
 
 def _backfill(pipeline: Pipeline) -> tuple[BackfillStage, IcebergSource]:
