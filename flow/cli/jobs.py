@@ -304,11 +304,14 @@ def bench(name: str, argv: tuple[str, ...]) -> None:
             f"no benchmark {name!r} in {Path('benchmarks').resolve()}; benchmarks: "
             f"{', '.join(found) or 'none (run from the project folder)'}"
         )
+    # Help is the script's argparse: plain Python, no services or Spark started for it.
+    asks_help = any(a in ("-h", "--help") for a in argv)
     # A benchmark that needs no Kafka or MLflow says so: on two cores, idle services still
     # take a share of the CPU it measures. One that needs no Spark runs as plain Python, so
     # it runs where there is no Java (a bare GPU machine).
-    stack = stack_up() if flag(script, "NEEDS_SERVICES") else stack_config()
-    if not flag(script, "NEEDS_SPARK"):
+    needs_services = flag(script, "NEEDS_SERVICES") and not asks_help
+    stack = stack_up() if needs_services else stack_config()
+    if asks_help or not flag(script, "NEEDS_SPARK"):
         raise SystemExit(subprocess.call([sys.executable, str(script), *argv]))
     raise SystemExit(launch(["--driver-memory", "4g", str(script), *argv], stack))
 

@@ -66,3 +66,12 @@ def test_flow_train_is_the_trainer_and_bench_help_lists_the_benchmarks(tmp_path:
     listed = CliRunner().invoke(main, ["bench", "--help"])
     assert listed.exit_code == 0
     assert "Benchmarks: commits, " in " ".join(listed.output.split())
+
+
+def test_a_benchmarks_help_starts_no_service(tmp_path: Path) -> None:
+    # freshness needs Kafka, MLflow and Spark to run; its --help needs none of them.
+    done = run_flow(["bench", "freshness", "--help"], stack_env_for(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
+    states = run_flow(["services", "status", "--json"], stack_env_for(tmp_path))
+    assert {row["state"] for row in json.loads(states.stdout)} == {"stopped"}
