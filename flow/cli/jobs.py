@@ -272,6 +272,9 @@ def run(
         given = ["--config", str(train_config)] if train_config else []
         trainer = parse_args([*given, *shlex.split(train_args or "")], prog="flow run --train")
     _connectors(connectors)  # a mistake in it is told before the stack starts
+    from flow.workflows.precheck import check_pipeline_file
+
+    check_pipeline_file(argv)  # and one in the pipeline file
     stack = stack_up()
     spark = spark_launcher(stack, connectors, warm=not cold)
     if trainer is None:

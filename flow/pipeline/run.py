@@ -24,7 +24,11 @@ from flow.engine import RunOptions, load_engine
 from flow.pipeline.model import Pipeline
 from flow.pipeline.schema import did_you_mean
 
-__all__ = ["RunOptions", "parse_run_args", "run_main"]
+__all__ = ["CHECK_FLAG", "RunOptions", "parse_run_args", "run_main"]
+
+CHECK_FLAG = "--check"
+"""``run_main``: build the pipeline and parse the arguments, then run nothing (``flow run``
+checks a pipeline file so before it starts anything: flow.workflows.precheck)."""
 
 
 def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOptions:
@@ -91,9 +95,13 @@ def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None
     args = sys.argv[1:] if argv is None else argv
     # SIGTERM (a scheduler, `flow run` stopping its job) unwinds like Ctrl-C: the stage's
     # query stops and its MLflow runs end as KILLED, not RUNNING forever.
+    check = CHECK_FLAG in args
+    args = [a for a in args if a != CHECK_FLAG]
     with reporting_errors(args), terminating_as_interrupt():
         options = RunOptions()
         if isinstance(spec, Pipeline):
             options = parse_run_args(args, [s.name for s in spec.stages])
+        if check:  # built and parsed: what can be checked without Spark is checked
+            raise SystemExit(0)
         code = load_engine(engine).run(spec, StackConfig.from_env(), options)
     raise SystemExit(code)

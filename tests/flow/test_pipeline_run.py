@@ -4,6 +4,7 @@ asked for with --debug or FLOW_DEBUG=1. (Through spark-submit: tests/spark_jobs.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, clean_environ, stack_env_for
+from tests.support import REPO, clean_environ, run_flow, stack_env_for
 
 UNKNOWN_KEY = """
 from dataclasses import replace
@@ -127,3 +128,29 @@ def test_connectors_are_all_none_or_a_list_of_known_ones() -> None:
     assert parse_connectors("kafka, delta") == frozenset({"kafka", "delta"})
     with pytest.raises(ConfigError, match=r"no connector iceberg.*kafka"):
         parse_connectors("iceberg,kafka")
+
+
+@pytest.mark.parametrize(
+    "text", [UNKNOWN_KEY, MISSING_COLUMN], ids=["unknown-key", "missing-column"]
+)
+def test_flow_run_shows_a_pipeline_mistake_before_it_starts_anything(
+    tmp_path: Path, text: str
+) -> None:
+    # The services are down and stay down: the pipeline is built before the stack starts.
+    app = tmp_path / "pipeline.py"
+    app.write_text(text)
+    env = {**stack_env_for(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    done = run_flow(["run", str(app)], env, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: "), done.stderr
+    assert "Traceback" not in done.stderr
+    status = run_flow(["services", "status", "--json"], env)
+    assert {row["state"] for row in json.loads(status.stdout)} == {"stopped"}
+
+
+def test_a_correct_pipeline_file_passes_its_check_and_a_bad_flag_fails_it(tmp_path: Path) -> None:
+    good = "from flow.pipeline import run_main\nfrom pipelines.ctr_backfill import ctr_backfill\n"
+    good += "run_main(ctr_backfill())\n"
+    assert run_file(tmp_path, good, "--check").returncode == 0
+    assert run_file(tmp_path, UNKNOWN_KEY, "--check").returncode == 1
+    assert run_file(tmp_path, good, "--check", "--stage", "nope").returncode == 2
