@@ -379,7 +379,11 @@ def _stage_once(
         "sustained_rows_per_s": _sustained(batches),
         "seconds": report.seconds,
         "training_rows": report.training_rows,
-        "dead_letters": report.events_dead,
+        "dead_letters": report.dead_letters,  # the stage's summary line and table's figure
+        "labels_unmatched": report.labels_unmatched,
+        # Which writer ran it (spark_jobs.live.run.choose_writer): both strategies take the
+        # in-plan one, the path `flow demo` runs.
+        "writer": report.tags.get("flow.live.writer", ""),
         "reconciled": report.reconciled,
     }
 
@@ -468,6 +472,7 @@ def bench_live(
             for s, h in zip(runs["stage"], runs["hand_written"], strict=True)
         ],
         "reconciled": all(r["reconciled"] for r in runs["stage"]),
+        "writer": ",".join(sorted({r["writer"] for r in runs["stage"]})),
     }
 
 
@@ -548,7 +553,7 @@ def _print(results: dict[str, Any]) -> None:
     for key in [k for k in results if k.startswith("live")]:
         live = results[key]
         out.print(
-            f"live ({live.get('strategy', 'window')}) sustained "
+            f"live ({live.get('strategy', 'window')}, writer {live.get('writer', '?')}) sustained "
             f"{live['sustained_rows_per_s']:,.0f} input rows/s "
             f"({live['rows_per_s_per_core']:,.0f}/core), hand-written Structured Streaming "
             f"{live['hand_written_rows_per_s']:,.0f} rows/s -> ratio {live['ratio']:.2f} "

@@ -13,6 +13,7 @@ from flow.pipeline.sources import PRODUCED_AT
 
 __all__ = [
     "FOUND_PREFIX",
+    "UNMATCHED",
     "dedup_kind",
     "deduplicated",
     "dimension_side",
@@ -28,6 +29,10 @@ _KEY = "_label_key"
 _TIME = "_label_ts"
 _PRODUCED = "_label_produced_at"
 _AGAIN = "_label_again_key"
+UNMATCHED = "_label_unmatched"
+"""A streamed label join's column: true on a row that is a label event which labelled nothing
+(no event of its key within its window), emitted once the watermark has passed it. Such a row
+carries no event (its columns are null): writers count it and write nothing of it."""
 
 
 def _window_condition(label: LabelJoin, event_time: str) -> Column:
@@ -88,6 +93,14 @@ def _event_columns(events: DataFrame) -> list[Column]:
     ]
 
 
+def _unmatched(event_time: str) -> Column:
+    """Whether an outer join's row is a label event alone: it has a label time (a label event
+    without one is never evicted, so never emitted alone) and no event time (a matched row has
+    both: the window condition needs them). No column of the join's state is added for it: a
+    checkpoint made before keeps its state's schema."""
+    return (F.col(_TIME).isNotNull() & F.col(event_time).isNull()).alias(UNMATCHED)
+
+
 def label_stream(
     events: DataFrame,
     labels: DataFrame,
@@ -99,23 +112,26 @@ def label_stream(
     *,
     event_key: str | None = None,
 ) -> DataFrame:
-    """The ``window`` strategy: a left outer stream-stream join bounded by watermarks.
+    """The ``window`` strategy: a full outer stream-stream join bounded by watermarks.
 
     A positive is emitted when its label event arrives; a negative once the watermark passes the
     end of its window. Duplicate label events for one key are dropped within the watermark, so
-    an event is never emitted twice; with ``event_key``, repeated events are dropped too.
+    an event is never emitted twice; with ``event_key``, repeated events are dropped too. A label
+    event that labelled nothing comes out alone (:data:`UNMATCHED`) once the watermark passes
+    it: so it is counted, where a left outer join let it vanish from the state.
     """
     matches = _matches(labels, label, label_event_time, label_watermark)
     watermarked = deduplicated(events, event_time, event_watermark, event_key)
     joined = watermarked.join(
         matches,
         (F.col(label.key) == F.col(_KEY)) & _window_condition(label, event_time),
-        "leftOuter",
+        "fullOuter",
     )
     return joined.select(
         *_event_columns(events),
         F.col(_KEY).isNotNull().cast("double").alias(label.label),
         F.col(_TIME).alias(label.label_time),
+        _unmatched(event_time),
     )
 
 
@@ -131,7 +147,9 @@ def label_stream_immediate(
     event_key: str | None = None,
 ) -> DataFrame:
     """The ``immediate`` strategy: every event at once as a negative, and again as a positive
-    when its label event arrives within the window (an inner stream-stream join).
+    when its label event arrives within the window (a right outer stream-stream join: a label
+    event that labelled nothing comes out alone, :data:`UNMATCHED`, once the watermark passes
+    it).
 
     The events are read twice, once per branch; each branch drops repeated events within the
     watermark by itself. The positive branch deduplicates on a key of its own name
@@ -142,18 +160,20 @@ def label_stream_immediate(
         *[F.col(c) for c in events.columns],
         F.lit(0.0).alias(label.label),
         F.lit(None).cast("timestamp").alias(label.label_time),
+        F.lit(False).alias(UNMATCHED),
     )
     again = events.withColumn(_AGAIN, F.col(event_key or label.key))
     candidates = deduplicated(again, event_time, event_watermark, _AGAIN)
     joined = candidates.join(
         _matches(labels, label, label_event_time, label_watermark),
         (F.col(label.key) == F.col(_KEY)) & _window_condition(label, event_time),
-        "inner",
+        "rightOuter",
     )
     positives = joined.select(
         *_event_columns(events),
         F.lit(1.0).alias(label.label),
         F.col(_TIME).alias(label.label_time),
+        _unmatched(event_time),
     )
     return negatives.unionByName(positives)
 

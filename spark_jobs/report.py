@@ -29,6 +29,10 @@ class StageReport:
     """Live: events dropped as repeats of a key within the watermark."""
     labels_input: int = 0
     labels_dead: int = 0
+    labels_unmatched: int = 0
+    """Live: label events that labelled nothing (no event of their key within the window),
+    counted once the watermark passed them. Not dead letters: a click on an impression the
+    stage never saw is an outcome of the data, not bad input."""
     positives: int = 0
     relabelled: int = 0
     """Live, ``immediate`` labels: rows that emit an event again as a positive (its first row,
@@ -43,6 +47,14 @@ class StageReport:
     columns or dead letters as the enrichment's ``on_missing`` says."""
     lineage: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    """Set on the stage's tracking run as they are (live: which writer ran it, and why)."""
+
+    @property
+    def dead_letters(self) -> int:
+        """Every dead letter, the labels' too: the summary line, the run's table and the
+        ``dead_letters`` metric all show this one figure."""
+        return self.events_dead + self.labels_dead
 
     @property
     def reconciled(self) -> bool:
@@ -72,10 +84,11 @@ class StageReport:
         return {
             "rows_in": float(self.events_input),
             "rows_out": float(self.training_rows),
-            "dead_letters": float(self.events_dead + self.labels_dead),
+            "dead_letters": float(self.dead_letters),
             "events_dead_letters": float(self.events_dead),
             "labels_in": float(self.labels_input),
             "labels_dead_letters": float(self.labels_dead),
+            "labels_unmatched": float(self.labels_unmatched),
             "positives": float(self.positives),
             "relabelled": float(self.relabelled),
             "pending": float(self.pending),

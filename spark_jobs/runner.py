@@ -97,7 +97,7 @@ def _summary(reports: list[StageReport]) -> None:
             escape(r.stage),
             f"{r.events_input:,}",
             f"{r.training_rows:,}",
-            f"{r.events_dead + r.labels_dead:,}",
+            f"{r.dead_letters:,}",
             f"{r.pending:,}",
             f"{r.positives:,}",
             f"{r.seconds:.0f}",
@@ -180,7 +180,7 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
                         )
                 run.log_metrics(report.metrics())
                 run.set_tags({f"lineage.{k}": str(v) for k, v in report.lineage.items()})
-                run.set_tags({"flow.table": report.table})
+                run.set_tags({"flow.table": report.table, **report.tags})
                 reports.append(report)
         parent.log_dict([dataclasses.asdict(r) for r in reports], "counts.json")
         parent.log_metrics({"reconciled": float(all(r.reconciled for r in reports))})

@@ -253,10 +253,21 @@ def summarize(stack: StackConfig, parent: str, namespace: str = NAMESPACE) -> di
     for name in ("backfill", "live"):
         if name in runs:
             m = runs[name].data.metrics
-            keys = ("rows_in", "rows_out", "dead_letters", "pending", "relabelled")
+            keys = (
+                "rows_in",
+                "rows_out",
+                "dead_letters",
+                "pending",
+                "relabelled",
+                "labels_unmatched",
+            )
+            tags = runs[name].data.tags
             stages[name] = {k: int(m.get(k, 0)) for k in keys} | {
                 "reconciled": bool(m.get("reconciled", 0)),
-                "labels": runs[name].data.tags.get("lineage.label_strategy", "none"),
+                "labels": tags.get("lineage.label_strategy", "none"),
+                # A live stage's writer (spark_jobs.live.run.choose_writer), and why.
+                "writer": tags.get("flow.live.writer", ""),
+                "writer_reason": tags.get("flow.live.writer_reason", ""),
             }
     train = runs["train"].data.metrics if "train" in runs else {}
     handoff = namespace_locations(stack, namespace).handoff.uri

@@ -27,9 +27,13 @@ reconciles across restarts.
 
 Every commit carries its writer and batch id, so a replayed batch writes nothing twice.
 
-Where the stage allows it, the enrichment, features and shard writers are part of the query's
-own plan and a micro-batch is one Spark job (spark_jobs.live.inplan); otherwise the writer
-plans and runs them over each batch (spark_jobs.live.stream_writer).
+Where the stage allows it (a handoff output, either label strategy: the default path), the
+enrichment, features and shard writers are part of the query's own plan and a micro-batch is
+one Spark job (spark_jobs.live.inplan); otherwise (an Iceberg table output, a shuffle_key, a
+Delta enrichment) the writer plans and runs them over each batch
+(spark_jobs.live.stream_writer). Which one runs is one line of the run and an MLflow tag on the
+stage's run (``flow.live.writer``, ``flow.live.writer_reason``). Both make a batch's counts in
+one place (spark_jobs.live.counts), label events that labelled nothing among them.
 
 The package's one public name is :func:`run_live`. Its modules, and the performance mechanisms
 a refactor could undo with the tests that guard them, are listed in its README.md.

@@ -31,7 +31,21 @@ Iceberg table's snapshot changed stops the query before it writes anything
 the new snapshot, and the batch is run again. So an update is seen from the next batch on, as
 before, at the price of a restart (seconds) whenever a dimension table changes.
 
-Where this path does not apply (:func:`unsupported`) the stage writes as before.
+**Immediate labels** (the demo's, and the default path's) take this path too. The label join's
+rows are then the union of every event's first row (a negative, at once) and its positive when
+the click comes (spark_jobs.joins.label_stream_immediate): the union's tasks are those of both
+branches, so a bucket's rows of one batch can be two shards, one from each. Only an event's
+first row counts as the event (spark_jobs.live.records.first_row: the keys not found, the rows
+that cannot train); the positive of an event that cannot train is left out, as its first row
+is the dead letter. Label events that labelled nothing (no event of their key within the
+window) come out of the join alone once the watermark has passed them: counted (``observe``),
+never written.
+
+The batch's counts are made by spark_jobs.live.counts, as the stream writer's are.
+
+Where this path does not apply (:func:`unsupported`) the stage's batches are written by
+spark_jobs.live.stream_writer, and the run says which and why in one line
+(spark_jobs.live.run.choose_writer).
 """
 
 from __future__ import annotations
@@ -44,17 +58,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from flow.errors import FlowError
 from flow.handoff import Channel, ChannelMeta
 from flow.pipeline.model import HandoffOutput, LiveStage, Pipeline
 from flow.pipeline.sources import DeltaSource, KafkaSource
-from flow.storage import Location
 from spark_jobs.arrow_batches import restore, size_batches
-from spark_jobs.dimensions import Dimensions
-from spark_jobs.features import Featurizer
 from spark_jobs.handoff import (
     BUCKET,
     SHARDS_ARROW,
@@ -64,15 +75,26 @@ from spark_jobs.handoff import (
     open_channel,
     task_writer,
 )
-from spark_jobs.joins import FOUND_PREFIX, dedup_kind
+from spark_jobs.joins import FOUND_PREFIX, UNMATCHED, dedup_kind
 from spark_jobs.jvm import set_local_property
 from spark_jobs.live.batch_facts import dropped_rows, late_threshold_ms, observed_metrics
+from spark_jobs.live.counts import Seen, batch_counts, records_read
+from spark_jobs.live.parts import WriterParts
 from spark_jobs.live.pending_ledger import FOLDER as PENDING
 from spark_jobs.live.pending_ledger import PendingLedger
-from spark_jobs.live.records import KIND, RECORD, late_reason_sql, late_sql, sql_name, sql_string
+from spark_jobs.live.records import (
+    KIND,
+    RECORD,
+    first_row,
+    late_reason_sql,
+    late_sql,
+    sql_name,
+    sql_string,
+    unmatched,
+)
 from spark_jobs.outputs import HandoffSink
 from spark_jobs.rows import missing, unusable_reason
-from spark_jobs.sinks import BatchLedger, dead_letter_rows
+from spark_jobs.sinks import dead_letter_rows
 from spark_jobs.stage import enriched
 from spark_jobs.validate import REASON
 
@@ -93,8 +115,9 @@ DEAD_RAW, DEAD_REASON = "_flow_dead_raw", "_flow_dead_reason"
 """A joined row that cannot train: as JSON, and why (``''``: it can)."""
 _INPUT = "flow_input_"
 """The observed metrics of a source's records read (``flow_input_<n>``, n its place)."""
-_MISSING = "flow_missing"
-"""The observed metrics of the keys each enrichment did not find (``missing<n>``)."""
+_ROWS, _UNMATCHED = "flow_rows", "unmatched"
+"""The observed metrics of the joined rows: the keys each enrichment did not find
+(``missing<n>``), the label events that labelled nothing (``unmatched``)."""
 _LATE = "_late"
 _SHARD, _UNUSABLE = "shard", "unusable"
 """The writer tasks' rows: a shard written, a row that cannot train."""
@@ -132,17 +155,22 @@ class DimensionsChangedError(FlowError):
 
 
 def unsupported(pipeline: Pipeline, stage: LiveStage, events: KafkaSource) -> str | None:
-    """Why the stage cannot write inside its streaming plan (None: it can)."""
+    """Why the stage cannot write inside its streaming plan (None: it can), said as the
+    reason the stream writer runs it instead."""
     if not isinstance(pipeline.output, HandoffOutput):
-        return "the stage writes an Iceberg table"
+        # The writer tasks here write Arrow shards that the driver commits; an Iceberg append
+        # is a Spark write of its own, planned and committed per batch.
+        return "the stage writes an Iceberg table, a Spark write of its own each batch"
     if pipeline.output.shuffle_key is not None:
-        return "the output has a shuffle_key"
-    if stage.label is not None and stage.label.strategy == "immediate":
-        return "its labels are immediate"
+        # The writer tasks bucket by the label join's own partitioning, with no exchange; a
+        # shuffle key is another partitioning, which the export's repartition gives.
+        return "the output has a shuffle_key, which the export's repartition applies"
     if partition_key(stage, events) is None:
         return "nothing partitions its rows (no label join, no event key)"
     if any(isinstance(pipeline.sources[e.source], DeltaSource) for e in stage.enrich):
-        return "it enriches from a Delta table (read every batch)"
+        # The plan caches its dimension tables and restarts when an Iceberg snapshot changes;
+        # a Delta table has no such check here, so it is read again every batch.
+        return "it enriches from a Delta table, read again every batch"
     return None
 
 
@@ -233,27 +261,10 @@ def _letters(found: Sequence[Any]) -> pa.Table:
 class InPlanWriter:
     """A live stage's streaming plan with its writes in it, and its ``foreachBatch``."""
 
-    def __init__(
-        self,
-        spark: SparkSession,
-        stage: LiveStage,
-        pipeline: str,
-        sources: Sequence[tuple[str, KafkaSource]],
-        *,
-        query_name: str,
-        checkpoint: Location,
-        training: HandoffSink,
-        ledger: BatchLedger,
-        featurizer: Featurizer,
-        dimensions: Dimensions,
-        progress: Callable[[str], None],
-    ) -> None:
-        self.spark, self.stage, self.pipeline = spark, stage, pipeline
-        self.sources = list(sources)
-        self.query_name, self.checkpoint = query_name, checkpoint
-        self.training, self.ledger = training, ledger
-        self.featurizer, self.dimensions = featurizer, dimensions
-        self.progress = progress
+    def __init__(self, parts: WriterParts, training: HandoffSink) -> None:
+        self.parts, self.training = parts, training
+        self.spark, self.stage, self.ledger = parts.spark, parts.stage, parts.ledger
+        self.progress = parts.progress
         self.records_read: dict[int, int] = {}
         """Kafka records each batch read (all sources), by batch id."""
         self._channel: Channel = training.channel
@@ -261,14 +272,18 @@ class InPlanWriter:
         self._meta: ChannelMeta | None = None
         self._restore: dict[str, str | None] = {}
         self.pending = PendingLedger(
-            checkpoint.child(PENDING), self._append, lambda: self.ledger.last, stage.name, progress
+            parts.checkpoint.child(PENDING),
+            self._append,
+            lambda: self.ledger.last,
+            parts.stage.name,
+            parts.progress,
         )
 
     # -- the plan -------------------------------------------------------------------------------
 
     def counted(self, parsed: DataFrame, name: str) -> DataFrame:
         """``parsed`` (a source's records), counted as they pass (an observed metric)."""
-        place = [n for n, _ in self.sources].index(name)
+        place = self._names.index(name)
         return parsed.observe(f"{_INPUT}{place}", F.count(F.lit(1)).alias("records"))
 
     def rows(self, labelled: DataFrame, events: KafkaSource) -> DataFrame:
@@ -278,17 +293,24 @@ class InPlanWriter:
         stage, spec = self.stage, self.stage.features
         key = partition_key(stage, events)
         assert key is not None  # unsupported() said so
-        rows = enriched(labelled, stage, self.dimensions.side)
-        flags = missing(stage.enrich)
-        if flags:
-            rows = rows.observe(
-                _MISSING,
-                *[
-                    F.sum(flag.cast("long")).alias(f"missing{i}")
-                    for i, flag in enumerate(flags.values())
-                ],
-            )
+        rows = enriched(labelled, stage, self.parts.dimensions.side)
+        # Counted as the joined rows pass, before any is left out: per enrichment the events'
+        # first rows whose key it did not find, and the label events that labelled nothing.
+        first = first_row(stage)
+        observed = [
+            F.sum((first & flag).cast("long")).alias(f"missing{i}")
+            for i, flag in enumerate(missing(stage.enrich).values())
+        ]
+        if stage.label is not None:
+            observed.append(F.sum(unmatched(stage).cast("long")).alias(_UNMATCHED))
+        if observed:
+            rows = rows.observe(_ROWS, *observed)
         reason = unusable_reason(spec, stage.enrich)
+        if stage.label is not None:
+            # A label event alone carries no event: counted, nothing written. A positive of an
+            # event that cannot train (immediate labels) is no dead letter (its first row is)
+            # and no training row: left out here, as the stream writer leaves it out.
+            rows = rows.where(first | (~unmatched(stage) & (reason == ""))).drop(UNMATCHED)
         shown = [F.col(c) for c in rows.columns if not c.startswith(FOUND_PREFIX)]
         output = self.training.options(seed=0)
         bucket = F.pmod(F.hash(F.col(key)), F.lit(output.num_buckets)).cast("int")
@@ -299,7 +321,7 @@ class InPlanWriter:
                 DEAD_RAW: F.when(reason != "", F.to_json(F.struct(*shown)).cast("binary")),
             }
         )
-        features = self.featurizer.apply(rows, keep=(BUCKET, DEAD_RAW, DEAD_REASON))
+        features = self.parts.featurizer.apply(rows, keep=(BUCKET, DEAD_RAW, DEAD_REASON))
         training = features.drop(BUCKET, DEAD_RAW, DEAD_REASON)
         sizes = dict(output.fixed_sizes or {})
         self._schema = arrow_schema(training, sizes)
@@ -321,13 +343,13 @@ class InPlanWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if batch_id <= min(self.training.last, self.ledger.last):
             return  # a replay of a batch already committed in full
-        changed = self.dimensions.changed()
+        changed = self.parts.dimensions.changed()
         if changed:
             raise DimensionsChangedError(
                 f"dimension table(s) {', '.join(changed)} changed: the query starts again to "
                 "read them"
             )
-        threshold = late_threshold_ms(self.checkpoint, batch_id)
+        threshold = late_threshold_ms(self.parts.checkpoint, batch_id)
         writes = batch_id > self.training.last
         if writes:
             waited = self._channel.wait_for_room(self.progress)
@@ -341,10 +363,9 @@ class InPlanWriter:
             found = self._kept(batch, threshold).collect()
         finally:
             set_local_property(self.spark, BATCH_PROPERTY, None)
-        counts = self._counts(found)
-        self.records_read[batch_id] = sum(
-            n for k, n in counts.items() if k.startswith("flow.input.")
-        )
+        dropped = dropped_rows(self.spark, self.parts.query_name, dedup_kind)
+        counts = batch_counts(self.stage, self._names, self._seen(found), dropped)
+        self.records_read[batch_id] = records_read(counts)
         # The dead letters and counts are kept (a file) before the training commit, and appended
         # to the ledger while the next batch runs (spark_jobs.live.pending_ledger).
         ledger_due = batch_id > self.ledger.last
@@ -370,7 +391,8 @@ class InPlanWriter:
 
     def _append(self, batch_id: int, letters: pa.Table, counts: dict[str, int]) -> None:
         """Append a batch's dead letters (:data:`_LETTERS`) with its counts to the ledger."""
-        rows = dead_letter_rows(self.spark.createDataFrame(letters), self.pipeline, self.stage.name)
+        dead = self.spark.createDataFrame(letters)
+        rows = dead_letter_rows(dead, self.parts.pipeline, self.stage.name)
         self.ledger.append(rows, batch_id, counts, few=True)
 
     def _kept(self, batch: DataFrame, threshold_ms: int) -> DataFrame:
@@ -381,7 +403,7 @@ class InPlanWriter:
         record = partial(sql_name, RECORD)
         is_record = f"({sql_name(KIND)} = 'record')"
         late = f"({is_record} AND {late_sql(threshold_ms)})"
-        watermarks = {name: source.watermark for name, source in self.sources}
+        watermarks = {name: source.watermark for name, source in self.parts.sources}
         reason = late_reason_sql(threshold_ms, watermarks, RECORD)
         events = sql_string(self.stage.events)
         kept = batch.where(f"NOT {is_record} OR {record(REASON)} != '' OR {late}")
@@ -398,30 +420,35 @@ class InPlanWriter:
             f"WHEN {late} THEN {reason} ELSE {record(REASON)} END AS reason",
         )
 
-    def _counts(self, found: Sequence[Any]) -> dict[str, int]:
-        """The batch's counts, as the ledger's commit carries them
-        (spark_jobs.live.stream_writer)."""
-        observed = observed_metrics(self.spark, self.query_name)
-        counts: Counter[str] = Counter()
-        for place, (name, _) in enumerate(self.sources):
-            counts[f"flow.input.{name}"] = int(
-                observed.get(f"{_INPUT}{place}", {}).get("records", 0)
-            )
-            counts[f"flow.invalid.{name}"] += 0
-            counts[f"flow.late.{name}"] += 0
+    @property
+    def _names(self) -> list[str]:
+        return [name for name, _ in self.parts.sources]
+
+    def _seen(self, found: Sequence[Any]) -> Seen:
+        """What the batch's job saw: the plan's ``observe`` metrics (records read per source,
+        keys not found, labels that labelled nothing) and the dead letters it collected."""
+        observed = observed_metrics(self.spark, self.parts.query_name)
+        inputs = {
+            name: int(observed.get(f"{_INPUT}{place}", {}).get("records", 0))
+            for place, name in enumerate(self._names)
+        }
+        invalid: Counter[str] = Counter()
+        late: Counter[str] = Counter()
         for row in found:
             if row[KIND] == "record":
-                counts[f"flow.{'late' if row[_LATE] else 'invalid'}.{row['source']}"] += 1
-        counts[f"flow.unusable.{self.stage.events}"] = sum(1 for r in found if r[KIND] == _UNUSABLE)
-        by_enrichment = observed.get(_MISSING, {})
-        for i, name in enumerate(missing(self.stage.enrich)):
-            counts[f"flow.missing.{name}"] = int(by_enrichment.get(f"missing{i}") or 0)
-        dropped = dropped_rows(self.spark, self.query_name, dedup_kind)
-        counts[f"flow.duplicates.{self.stage.events}"] = dropped.duplicate_events
-        if self.stage.label is not None:
-            counts[f"flow.duplicates.{self.stage.label.source}"] = dropped.duplicate_labels
-        counts["flow.operators_late"] = dropped.late
-        return dict(counts)
+                (late if row[_LATE] else invalid)[row["source"]] += 1
+        by_rows = observed.get(_ROWS, {})
+        return Seen(
+            inputs=inputs,
+            invalid=invalid,
+            late=late,
+            unusable=sum(1 for r in found if r[KIND] == _UNUSABLE),
+            missing={
+                name: int(by_rows.get(f"missing{i}") or 0)
+                for i, name in enumerate(missing(self.stage.enrich))
+            },
+            unmatched=int(by_rows.get(_UNMATCHED) or 0),
+        )
 
     def release(self) -> None:
         """Wait for the last batch's ledger append; undo what the run set on the session."""

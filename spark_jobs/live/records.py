@@ -3,6 +3,9 @@
 The query hands its writer two kinds of rows in one batch (:data:`KIND`): every record the batch
 read from Kafka (``record``), in the dead-letter layout with its reason ('' if valid) and its
 event time, all in one struct (:data:`RECORD`); and the rows the label join emitted (``row``).
+Of those, an event's first row counts as the event (:func:`first_row`: with ``immediate``
+labels its positive is a second row), and a label event that labelled nothing is no event at
+all (:func:`unmatched`): both writers tell them apart with these.
 The stage's plan builds the records' side (:func:`record_column`, spark_jobs.live.plan); each
 writer (spark_jobs.live.stream_writer, spark_jobs.live.inplan) tells them apart by the kind and
 judges lateness with :func:`late_sql` and :func:`late_reason_sql`: Spark SQL text, with the
@@ -14,19 +17,23 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from flow.pipeline.model import LiveStage
 from spark_jobs.constants import batch_value_sql
+from spark_jobs.joins import UNMATCHED
 from spark_jobs.validate import DEAD_LETTER_COLUMNS, REASON
 
 __all__ = [
     "EVENT_TIME",
     "KIND",
     "RECORD",
+    "first_row",
     "late_reason",
     "late_reason_sql",
     "late_sql",
     "record_column",
     "sql_name",
     "sql_string",
+    "unmatched",
 ]
 
 KIND = "_kind"
@@ -95,3 +102,23 @@ def late_reason_sql(
 def late_reason(threshold_ms: int, watermarks: dict[str, str]) -> Column:
     """A late record's reason, over its fields as columns of their own."""
     return F.expr(late_reason_sql(threshold_ms, watermarks))
+
+
+def unmatched(stage: LiveStage) -> Column:
+    """Whether a joined row is a label event that labelled nothing (spark_jobs.joins.UNMATCHED;
+    never, for a stage without labels). False on a record's row (the column is null there)."""
+    if stage.label is None:
+        return F.lit(False)
+    return F.coalesce(F.col(UNMATCHED), F.lit(False))
+
+
+def first_row(stage: LiveStage) -> Column:
+    """Whether a joined row is its event's first: the one that counts as the event. With
+    ``immediate`` labels an event leaves again as a positive when its click comes; that row is
+    no further event, so it is not counted as one, and a dead event's positive is left out with
+    it. A label event alone (:func:`unmatched`) is no event's row."""
+    label = stage.label
+    if label is None:
+        return F.lit(True)
+    first = F.col(label.label_time).isNull() if label.strategy == "immediate" else F.lit(True)
+    return first & ~unmatched(stage)

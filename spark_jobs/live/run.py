@@ -3,7 +3,8 @@
 Check that every output can be written; load the fitted feature state; open the outputs (the
 checkpoint and its writer id, the training sink, the dead-letter table); choose the writer (its
 writes inside the streaming plan where the stage allows it, spark_jobs.live.inplan, else
-spark_jobs.live.stream_writer); run the query under supervision (spark_jobs.live.plan builds
+spark_jobs.live.stream_writer: :func:`choose_writer`, said in one line and tagged on the stage's
+run); run the query under supervision (spark_jobs.live.plan builds
 it, spark_jobs.live.supervise waits on it and restarts it); report what the tables' commits
 say, reconciled (:meth:`LiveRun.count`).
 """
@@ -15,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Literal
 
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
@@ -23,6 +24,7 @@ from pyspark.sql import SparkSession
 from flow.config import StackConfig
 from flow.pipeline.model import LiveStage, Pipeline
 from flow.pipeline.run import RunOptions
+from flow.pipeline.sources import KafkaSource
 from flow.pipeline.state import FeatureState
 from flow.storage import Location, namespace_locations
 from spark_jobs.dimensions import Dimensions
@@ -31,6 +33,7 @@ from spark_jobs.joins import enrichment_names
 from spark_jobs.jvm import JavaError
 from spark_jobs.live.batch_facts import events_in_join
 from spark_jobs.live.inplan import InPlanWriter, unsupported
+from spark_jobs.live.parts import WriterParts
 from spark_jobs.live.plan import LiveQuery, spark_counts_state
 from spark_jobs.live.stream_writer import StreamWriter
 from spark_jobs.live.supervise import OnBatch, Supervisor, Watch
@@ -39,7 +42,30 @@ from spark_jobs.report import StageReport
 from spark_jobs.sinks import BatchLedger, writer_totals
 from spark_jobs.stage import Progress, StageRun
 
-__all__ = ["QUERY", "LiveRun", "run_live"]
+__all__ = [
+    "IN_PLAN",
+    "QUERY",
+    "WRITER_REASON_TAG",
+    "WRITER_TAG",
+    "LiveRun",
+    "choose_writer",
+    "run_live",
+]
+
+WRITER_TAG, WRITER_REASON_TAG = "flow.live.writer", "flow.live.writer_reason"
+"""The stage run's MLflow tags: which writer ran its batches (``inplan`` or ``stream``), and why."""
+IN_PLAN = "its writes run inside the streaming plan, one Spark job a batch"
+"""Why the in-plan writer was chosen: the reason it is the default."""
+
+
+def choose_writer(
+    pipeline: Pipeline, stage: LiveStage, events: KafkaSource
+) -> tuple[Literal["inplan", "stream"], str]:
+    """Which writer runs the stage's batches, and why: the in-plan writer
+    (spark_jobs.live.inplan) wherever it can, else the stream writer, with what keeps the
+    stage from the plan (:func:`spark_jobs.live.inplan.unsupported`)."""
+    why = unsupported(pipeline, stage, events)
+    return ("inplan", IN_PLAN) if why is None else ("stream", why)
 
 
 def _writer_id(
@@ -152,21 +178,28 @@ class LiveRun(StageRun[LiveStage]):
         self, outputs: _Outputs, state: FeatureState, dimensions: Dimensions
     ) -> StreamWriter | InPlanWriter:
         """The query's per-batch writer: the writes inside the streaming plan where the stage
-        allows it (spark_jobs.live.inplan), else a writer of its own per batch."""
-        parts: dict[str, Any] = {
-            "query_name": self.query.name,
-            "checkpoint": outputs.checkpoint,
-            "ledger": BatchLedger(self.spark, outputs.dead_letters, outputs.writer),
-            "featurizer": Featurizer(self.spark, self.stage.features, state),
-            "dimensions": dimensions,
-        }
-        common = (self.spark, self.stage, self.pipeline.name, self.query.sources)
+        allows it (spark_jobs.live.inplan), else a writer of its own per batch; the choice is
+        one line and two tags on the stage's run (``flow.live.writer``, ``..._reason``)."""
+        parts = WriterParts(
+            self.spark,
+            self.stage,
+            self.pipeline.name,
+            self.query.sources,
+            query_name=self.query.name,
+            checkpoint=outputs.checkpoint,
+            ledger=BatchLedger(self.spark, outputs.dead_letters, outputs.writer),
+            featurizer=Featurizer(self.spark, self.stage.features, state),
+            dimensions=dimensions,
+            progress=self.progress,
+        )
         training = outputs.training
-        if unsupported(self.pipeline, self.stage, self.query.events) is None and isinstance(
-            training, HandoffSink
-        ):
-            return InPlanWriter(*common, training=training, progress=self.progress, **parts)
-        return StreamWriter(*common, training=training, **parts)
+        kind, why = choose_writer(self.pipeline, self.stage, self.query.events)
+        self.report.tags[WRITER_TAG], self.report.tags[WRITER_REASON_TAG] = kind, why
+        self.progress(f"{self.stage.name}: writer {kind} ({why})")
+        if kind == "inplan":
+            assert isinstance(training, HandoffSink)  # choose_writer said: a handoff output
+            return InPlanWriter(parts, training)
+        return StreamWriter(parts, training)
 
     def events_in_join(self, checkpoint: Location, batch_id: int) -> int | None:
         """The events the label join holds after ``batch_id``, or None (and said) if its state
@@ -213,6 +246,7 @@ class LiveRun(StageRun[LiveStage]):
             labels = stage.label.source
             report.labels_input = outcome("input", labels)
             report.labels_dead = outcome("invalid", labels) + outcome("late", labels)
+            report.labels_unmatched = outcome("unmatched", labels)
             late += outcome("late", labels)
         immediate = stage.label is not None and stage.label.strategy == "immediate"
         if immediate:  # each positive is an event's second row: its first left as a negative
@@ -246,11 +280,16 @@ class LiveRun(StageRun[LiveStage]):
             else f"{report.pending:,} pending in the label window"
         )
         # Every dead letter, the labels' too: the figure the stage table's column shows.
-        dead = report.events_dead + report.labels_dead
+        dead = report.dead_letters
+        unmatched = (
+            f", {report.labels_unmatched:,} {stage.label.source} labelled nothing"
+            if stage.label
+            else ""
+        )
         return self.finish(
             f"{stage.name}: {report.training_rows:,} training rows, {dead:,} dead "
-            f"letters ({late:,} late), {report.duplicates:,} duplicates, {waiting} (since the "
-            f"checkpoint began){report.said_missing()}"
+            f"letters ({late:,} late), {report.duplicates:,} duplicates, {waiting}{unmatched} "
+            f"(since the checkpoint began){report.said_missing()}"
         )
 
 

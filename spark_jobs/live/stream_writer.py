@@ -1,5 +1,8 @@
 """What a live stage's streaming query does with each micro-batch (its ``foreachBatch``), where
-its writes cannot be in the streaming plan itself (spark_jobs.live.inplan says which stages).
+its writes cannot be in the streaming plan itself (spark_jobs.live.inplan.unsupported says which
+stages: an Iceberg table output, a shuffle_key, a Delta enrichment; the run says so in one line).
+Both writers keep one protocol: the same parts (spark_jobs.live.parts), the same counts
+(spark_jobs.live.counts), each batch id committed once to each sink.
 
 The query hands over two kinds of rows in one batch (``_kind``, spark_jobs.live.records): every
 record the batch read from Kafka, in the dead-letter layout with its reason ('' if valid) and its
@@ -29,25 +32,31 @@ itself, from the offset log and from the batch's operator metrics: a replay comp
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from pyspark import inheritable_thread_target
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from flow.pipeline.model import LiveStage
-from flow.pipeline.sources import KafkaSource
-from flow.storage import Location
-from spark_jobs.dimensions import Dimensions
-from spark_jobs.features import Featurizer
-from spark_jobs.joins import dedup_kind
+from spark_jobs.joins import UNMATCHED, dedup_kind
 from spark_jobs.live.batch_facts import dropped_rows, late_threshold_ms
+from spark_jobs.live.counts import Seen, batch_counts, records_read
 from spark_jobs.live.job_watch import JobWatch, cache_loaded, wait_until
-from spark_jobs.live.records import EVENT_TIME, KIND, RECORD, late_reason, late_sql
+from spark_jobs.live.parts import WriterParts
+from spark_jobs.live.records import (
+    EVENT_TIME,
+    KIND,
+    RECORD,
+    first_row,
+    late_reason,
+    late_sql,
+    unmatched,
+)
 from spark_jobs.outputs import TrainingSink
 from spark_jobs.rows import missing, unusable_letters, unusable_reason
-from spark_jobs.sinks import BatchLedger, dead_letter_rows
+from spark_jobs.sinks import dead_letter_rows
 from spark_jobs.stage import enriched
 from spark_jobs.validate import REASON
 
@@ -61,25 +70,9 @@ _SOURCE, _INVALID, _LATE = "_source", "_invalid", "_late"
 class StreamWriter:
     """One live stage's micro-batches: records accounted for, joined rows trained on."""
 
-    def __init__(
-        self,
-        spark: SparkSession,
-        stage: LiveStage,
-        pipeline: str,
-        sources: Sequence[tuple[str, KafkaSource]],
-        *,
-        query_name: str,
-        checkpoint: Location,
-        training: TrainingSink,
-        ledger: BatchLedger,
-        featurizer: Featurizer,
-        dimensions: Dimensions,
-    ) -> None:
-        self.spark, self.stage, self.pipeline = spark, stage, pipeline
-        self.sources = list(sources)
-        self.query_name, self.checkpoint = query_name, checkpoint
-        self.training, self.ledger = training, ledger
-        self.featurizer, self.dimensions = featurizer, dimensions
+    def __init__(self, parts: WriterParts, training: TrainingSink) -> None:
+        self.parts, self.training = parts, training
+        self.spark, self.stage, self.ledger = parts.spark, parts.stage, parts.ledger
         self.records_read: dict[int, int] = {}
         """Kafka records each batch read (all sources), by batch id."""
 
@@ -90,8 +83,8 @@ class StreamWriter:
         # that cannot train, keys an enrichment did not find) and the export read them, made once.
         # Every action on `batch` would run the stateful operators again: computed once, cached.
         # Of the records, the cache keeps what the counts need; the payload of dead letters only.
-        threshold = late_threshold_ms(self.checkpoint, batch_id)
-        batch = self._accounted(enriched(batch, self.stage, self.dimensions.side), threshold)
+        threshold = late_threshold_ms(self.parts.checkpoint, batch_id)
+        batch = self._accounted(enriched(batch, self.stage, self.parts.dimensions.side), threshold)
         batch = batch.persist()
         # The writes are planned (the features' joins, the dead letters, the channel's checks,
         # the export's plan: Python and Spark's analysis on the driver, ~1 s a batch) in a thread
@@ -112,19 +105,19 @@ class StreamWriter:
                 try:
                     # The first action: it runs the stateful operators, so their metrics are
                     # final after it.
-                    counts = self._counts(batch) | self._dropped()
+                    seen = self._seen(batch)
+                    dropped = dropped_rows(self.spark, self.parts.query_name, dedup_kind)
+                    counts = batch_counts(self.stage, self._names, seen, dropped)
                 except BaseException:
                     failed.set()
                     raise
                 finally:
                     counted.set()
-                self.records_read[batch_id] = sum(
-                    n for k, n in counts.items() if k.startswith("flow.input.")
-                )
+                self.records_read[batch_id] = records_read(counts)
                 letters, unusable = planned.result()
-                if counts[self._unusable_key]:
+                if seen.unusable:
                     letters = letters.unionByName(unusable)
-                letters = dead_letter_rows(letters, self.pipeline, self.stage.name)
+                letters = dead_letter_rows(letters, self.parts.pipeline, self.stage.name)
                 # The two commits are independent (each sink knows the last batch it committed;
                 # a replay redoes only what is missing): the Iceberg commit of the dead letters,
                 # mostly the driver's metadata writes, runs while the export's tasks run.
@@ -161,27 +154,17 @@ class StreamWriter:
         """What the batch writes, planned without a Spark job: its invalid and late records,
         its rows that cannot train (both as dead letters), and the training rows' write."""
         spec, enrichments = self.stage.features, self.stage.enrich
-        rows = batch.where(F.col(KIND) == "row").drop(KIND, RECORD, _SOURCE, _INVALID, _LATE)
-        unusable = unusable_letters(self._first_rows(rows), spec, self.stage.events, enrichments)
+        rows = batch.where((F.col(KIND) == "row") & ~unmatched(self.stage))
+        rows = rows.drop(KIND, RECORD, _SOURCE, _INVALID, _LATE, UNMATCHED)
+        first = rows.where(first_row(self.stage))
+        unusable = unusable_letters(first, spec, self.stage.events, enrichments)
         usable = rows.where(unusable_reason(spec, enrichments) == "")
-        export = self.training.prepare(self.featurizer.apply(usable), batch_id)
+        export = self.training.prepare(self.parts.featurizer.apply(usable), batch_id)
         return self._dead_records(batch, threshold), unusable, export
 
     @property
-    def _unusable_key(self) -> str:
-        return f"flow.unusable.{self.stage.events}"
-
-    def _first(self) -> Column:
-        """Whether a joined row is its event's first (with ``immediate`` labels an event leaves
-        again as a positive when its click comes: that row is no further event, so it is not
-        counted as one, and a dead event's positive is left out with it)."""
-        label = self.stage.label
-        if label is None or label.strategy != "immediate":
-            return F.lit(True)
-        return F.col(label.label_time).isNull()
-
-    def _first_rows(self, rows: DataFrame) -> DataFrame:
-        return rows.where(self._first())
+    def _names(self) -> list[str]:
+        return [name for name, _ in self.parts.sources]
 
     def _late(self, threshold_ms: int) -> Column:
         """Whether a record (of :data:`RECORD`) is valid but at or before the threshold."""
@@ -204,49 +187,50 @@ class StreamWriter:
             }
         )
 
-    def _counts(self, batch: DataFrame) -> dict[str, int]:
+    def _seen(self, batch: DataFrame) -> Seen:
         """Per source: records read, invalid, late; of the joined rows (events' first rows),
-        those that cannot train and, per enrichment, those whose key it did not find. One
-        aggregation over the batch (as :meth:`_accounted` left it)."""
+        those that cannot train and, per enrichment, those whose key it did not find; the label
+        events that labelled nothing. One aggregation over the batch (as :meth:`_accounted`
+        left it); spark_jobs.live.counts makes the counts of it."""
         is_record = F.col(KIND) == "record"
-        first_row = ~is_record & self._first()
+        first = ~is_record & first_row(self.stage)
         flags = {
             "input": is_record,
             "invalid": F.col(_INVALID),
             "late": F.col(_LATE),
-            "unusable": first_row & (unusable_reason(self.stage.features, self.stage.enrich) != ""),
+            "unusable": first & (unusable_reason(self.stage.features, self.stage.enrich) != ""),
+            "unmatched": ~is_record & unmatched(self.stage),
         }
-        # The joined rows carry no record, so no source: theirs are the stage's counts.
-        of_rows = {"unusable": self._unusable_key}
-        for i, (name, flag) in enumerate(missing(self.stage.enrich).items()):
-            flags[f"missing{i}"] = first_row & flag
-            of_rows[f"missing{i}"] = f"flow.missing.{name}"
+        names = list(missing(self.stage.enrich))
+        for i, flag in enumerate(missing(self.stage.enrich).values()):
+            flags[f"missing{i}"] = first & flag
         totals = batch.groupBy(F.col(_SOURCE).alias("source")).agg(
             *[F.sum(flag.cast("int")).alias(kind) for kind, flag in flags.items()]
         )
-        counts: dict[str, int] = dict.fromkeys(of_rows.values(), 0)
+        per_source: dict[str, dict[str, int]] = {"input": {}, "invalid": {}, "late": {}}
+        # The joined rows carry no record, so no source: theirs are the stage's counts.
+        of_rows: Counter[str] = Counter()
         for row in totals.collect():
-            source = row["source"]
             for kind in flags:
-                if kind in of_rows:
-                    counts[of_rows[kind]] += int(row[kind] or 0)
-                elif source is not None:
-                    counts[f"flow.{kind}.{source}"] = int(row[kind] or 0)
-        return counts
-
-    def _dropped(self) -> dict[str, int]:
-        """The duplicates the operators dropped, and their late drops (to check ours against)."""
-        dropped = dropped_rows(self.spark, self.query_name, dedup_kind)
-        counts = {f"flow.duplicates.{self.stage.events}": dropped.duplicate_events}
-        if self.stage.label is not None:
-            counts[f"flow.duplicates.{self.stage.label.source}"] = dropped.duplicate_labels
-        counts["flow.operators_late"] = dropped.late  # Spark's own count, to check ours against
-        return counts
+                value = int(row[kind] or 0)
+                if kind in per_source:
+                    if row["source"] is not None:
+                        per_source[kind][row["source"]] = value
+                else:
+                    of_rows[kind] += value
+        return Seen(
+            inputs=per_source["input"],
+            invalid=per_source["invalid"],
+            late=per_source["late"],
+            unusable=of_rows["unusable"],
+            missing={name: of_rows[f"missing{i}"] for i, name in enumerate(names)},
+            unmatched=of_rows["unmatched"],
+        )
 
     def _dead_records(self, batch: DataFrame, threshold_ms: int) -> DataFrame:
         """The batch's invalid records and its late ones, each with its reason."""
         records = batch.where(F.col(_INVALID) | F.col(_LATE)).select(f"{RECORD}.*", _LATE)
-        watermarks = {name: source.watermark for name, source in self.sources}
+        watermarks = {name: source.watermark for name, source in self.parts.sources}
         reason = F.when(F.col(_LATE), late_reason(threshold_ms, watermarks)).otherwise(
             F.col(REASON)
         )

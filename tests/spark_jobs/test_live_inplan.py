@@ -12,9 +12,11 @@ import pyarrow.compute as pc
 import pytest
 
 from flow.pipeline.model import HandoffOutput, LiveStage, TableOutput
+from pipelines.ctr_demo import ctr_demo
 from pipelines.ctr_streaming import ctr_streaming
 from spark_jobs.handoff import BUCKET, SHARDS_ARROW
 from spark_jobs.live.inplan import DEAD_RAW, DEAD_REASON, OUT_SCHEMA, unsupported, writer_tasks
+from spark_jobs.live.run import IN_PLAN, choose_writer
 
 
 def _eligibility(
@@ -32,10 +34,33 @@ def test_the_ctr_live_stage_writes_inside_its_plan() -> None:
     assert _eligibility() is None
 
 
+def test_immediate_labels_write_inside_the_plan_too() -> None:
+    assert _eligibility("immediate") is None
+
+
+def test_the_default_pipeline_runs_the_in_plan_writer() -> None:
+    """The demo's pipeline (`flow demo`, the docs' first example): immediate labels into the
+    handoff, written by the in-plan writer, and said so."""
+    pipeline = ctr_demo()
+    stage = pipeline.stage("live", LiveStage)
+    assert stage.label is not None
+    assert stage.label.strategy == "immediate"
+    assert isinstance(pipeline.output, HandoffOutput)
+    events = pipeline.sources[stage.events]
+    assert choose_writer(pipeline, stage, events) == ("inplan", IN_PLAN)  # type: ignore[arg-type]
+
+
+def test_a_stage_left_to_the_stream_writer_is_told_why() -> None:
+    pipeline = replace(ctr_demo(), output=TableOutput())
+    stage = pipeline.stage("live", LiveStage)
+    kind, why = choose_writer(pipeline, stage, pipeline.sources[stage.events])  # type: ignore[arg-type]
+    assert kind == "stream"
+    assert "Iceberg table" in why
+
+
 @pytest.mark.parametrize(
     ("change", "said"),
     [
-        ({"strategy": "immediate"}, "immediate"),
         ({"output": TableOutput()}, "Iceberg table"),
         ({"output": HandoffOutput(shuffle_key="impression_id")}, "shuffle_key"),
     ],

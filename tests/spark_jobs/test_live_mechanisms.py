@@ -25,6 +25,9 @@ from spark_jobs import validate
 from spark_jobs.conf import session_conf
 from spark_jobs.jvm import codegen_text, executed_plan
 from spark_jobs.live import inplan, plan
+from spark_jobs.live.batch_facts import Dropped
+from spark_jobs.live.counts import Seen
+from spark_jobs.live.parts import WriterParts
 from spark_jobs.live.plan import STATE_STORES, TRACK_STATE_ROWS, LiveQuery, spark_counts_state
 from spark_jobs.live.records import EVENT_TIME, RECORD, late_reason_sql, late_sql
 from spark_jobs.live.supervise import Watch
@@ -198,19 +201,18 @@ def test_a_batch_s_dead_letters_are_kept_before_its_training_commit_and_appended
         options=lambda seed: None,
         source_positions=lambda batch_id: {},
     )
-    writer = inplan.InPlanWriter(
+    parts = WriterParts(
         cast(SparkSession, None),
         ctr_streaming().stage("live", LiveStage),
         "p",
         [],
         query_name="p.live",
         checkpoint=cast(Any, SimpleNamespace(child=lambda name: None)),
-        training=cast(Any, training),
         ledger=cast(Any, SimpleNamespace(last=-1)),
         featurizer=cast(Any, None),
         dimensions=cast(Any, SimpleNamespace(changed=list)),
-        progress=lambda _said: None,
     )
+    writer = inplan.InPlanWriter(parts, cast(Any, training))
     writer.pending = cast(
         Any,
         SimpleNamespace(
@@ -228,6 +230,7 @@ def test_a_batch_s_dead_letters_are_kept_before_its_training_commit_and_appended
         "_kept",
         lambda self, batch, threshold: SimpleNamespace(collect=list),
     )
-    monkeypatch.setattr(inplan.InPlanWriter, "_counts", lambda self, found: {})
+    monkeypatch.setattr(inplan.InPlanWriter, "_seen", lambda self, found: Seen())
+    monkeypatch.setattr(inplan, "dropped_rows", lambda spark, name, kind: Dropped())
     writer(cast(DataFrame, None), 0)
     assert steps == ["keep 0", "commit 0", "append 0"]

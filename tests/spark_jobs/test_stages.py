@@ -55,6 +55,7 @@ from spark_jobs.live import run as live_run
 from spark_jobs.live import run_live
 from spark_jobs.live.inplan import unsupported
 from spark_jobs.live.plan import TRACK_STATE_ROWS, LiveQuery
+from spark_jobs.live.run import IN_PLAN
 from spark_jobs.live.supervise import StreamFailedError
 from spark_jobs.report import StageReport
 from spark_jobs.rows import dead_letter_table, training_table
@@ -268,6 +269,16 @@ def rows_of(world: Lake, channel: str) -> dict[str, dict[str, Any]]:
     ids = [r["id"] for r in found]
     assert len(ids) == len(set(ids)), f"duplicated training rows: {sorted(ids)}"
     return {r["id"]: r for r in found}
+
+
+def _ledger_count(spark: SparkSession, world: Lake, key: str) -> int:
+    """``key`` summed over the dead-letter table's commits so far (every writer's)."""
+    table = dead_letter_table(world.stack, world.pipeline())
+    if not spark.catalog.tableExists(table):
+        return 0
+    spark.catalog.refreshTable(table)
+    found = spark.sql(f"SELECT summary['{key}'] AS n FROM {table}.snapshots").collect()
+    return sum(int(r["n"] or 0) for r in found)
 
 
 def rows_of_all(world: Lake) -> list[dict[str, Any]]:
@@ -556,7 +567,13 @@ def test_a_live_stage_writing_inside_its_plan_reads_each_topic_once_a_batch(
 class LiveRun:
     """run_live in a background thread, continuous, until told to stop."""
 
-    def __init__(self, spark: SparkSession, world: Lake, pipeline: Pipeline) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        world: Lake,
+        pipeline: Pipeline,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> None:
         self.stop_event = threading.Event()
         self.result: list[StageReport] = []
         self.error: list[BaseException] = []
@@ -567,7 +584,13 @@ class LiveRun:
                 options = RunOptions(mode="continuous")
                 self.result.append(
                     run_live(
-                        spark, pipeline, stage, world.stack, options, stop=self.stop_event.is_set
+                        spark,
+                        pipeline,
+                        stage,
+                        world.stack,
+                        options,
+                        progress=progress,
+                        stop=self.stop_event.is_set,
                     )
                 )
             except BaseException as exc:  # surfaced in the test thread
@@ -783,6 +806,9 @@ def test_immediate_labels_emit_each_event_at_once_and_its_positive_when_the_clic
         )
         world.send("clicks", [{"id": "nobody", "ts": m(40)}])  # moves the watermark past e2's
         wait_for(lambda: ("e9", 0.0) in emitted(), "e9")
+        # e2's click leaves the join's state, having labelled nothing, once the watermark has
+        # passed it (a batch of its own, with no data): counted then.
+        wait_for(lambda: _ledger_count(spark, world, "flow.unmatched.clicks") == 1, "e2's click")
     finally:
         report = run.finish()
 
@@ -810,6 +836,12 @@ def test_immediate_labels_emit_each_event_at_once_and_its_positive_when_the_clic
     assert report.pending == 0  # nothing waits for a window
     assert report.reconciled
     assert report.lineage["label_strategy"] == "immediate"
+    # The default path's writer: the writes inside the streaming plan, one job a batch.
+    assert report.tags == {"flow.live.writer": "inplan", "flow.live.writer_reason": IN_PLAN}
+    # Of five clicks: two positives, a repeat, e2's (after its window) labelled nothing, and
+    # the last still in the join's state (the watermark has not passed it).
+    assert (report.labels_input, report.labels_dead, report.labels_unmatched) == (5, 0, 1)
+    assert report.metrics()["labels_unmatched"] == 1.0
 
 
 def test_events_whose_dimension_key_is_unknown_can_be_dead_letters(
@@ -828,7 +860,11 @@ def test_events_whose_dimension_key_is_unknown_can_be_dead_letters(
     )
     assert report.reconciled
 
-    run = LiveRun(spark, world, pipeline)
+    # A shuffle_key keeps the stage on the stream writer (spark_jobs.live.inplan.unsupported):
+    # the one live test of that path on the real stack, and of the line that says so.
+    shuffled = replace(pipeline, output=HandoffOutput(shuffle_key="id"))
+    said: list[str] = []
+    run = LiveRun(spark, world, shuffled, progress=said.append)
     try:
         world.send(
             "impressions",
@@ -853,6 +889,10 @@ def test_events_whose_dimension_key_is_unknown_can_be_dead_letters(
         {"users": 1},
     )
     assert report.reconciled
+    assert report.tags["flow.live.writer"] == "stream"
+    assert "shuffle_key" in report.tags["flow.live.writer_reason"]
+    chosen = [line for line in said if line.startswith("live: writer ")]
+    assert chosen == [f"live: writer stream ({report.tags['flow.live.writer_reason']})"], said
 
 
 DERIVED = (

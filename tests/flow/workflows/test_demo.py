@@ -48,6 +48,9 @@ def test_the_demo_runs_end_to_end_and_its_summary_reconciles(
     assert summary["trained_rows"] == backfill["rows_out"] + live["rows_out"]
     assert 0.0 <= summary["auc"] <= 1.0  # a figure, not NaN (too little data here to learn much)
     assert summary["stages"]["live"]["labels"] == "immediate"
+    # The default path runs the writer inside the streaming plan, tagged on the stage's run.
+    assert live["writer"] == "inplan", live
+    assert live["writer_reason"]
     assert live["relabelled"] > 0, "clicks came within the run: their impressions left again"
     # The oracle (the world's true click probability) is scored on the same rows.
     assert summary["live"]["oracle_auc"] is not None
