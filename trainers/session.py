@@ -292,10 +292,20 @@ class Session:
         if not left:
             tracked = state.get("run_id") not in (None, "untracked")
             run = f" (its results: MLflow run {state['run_id']})" if tracked else ""
+            # From one pass to several, the default embedding L2 changes the run (identity):
+            # going on from it needs that default kept.
+            keep = (
+                " (from one epoch to more, with --optim.embedding-weight-decay 0, the L2 it "
+                "trained with)"
+                if self.config.epochs == 1
+                and not self.config.follow
+                and self.config.optim.embedding_weight_decay is None
+                else ""
+            )
             raise ConfigError(
                 f"the run in {folder} has finished at step {self.step}{run}: these settings "
-                "leave nothing to train. Give more --epochs or --max-steps to go on from it, "
-                "or --fresh to train again from scratch"
+                f"leave nothing to train. Give more --epochs{keep} or --max-steps to go on from "
+                "it, or --fresh to train again from scratch"
             )
 
     def _champion(self, *, warm_start: bool) -> CTRModel | None:

@@ -21,10 +21,10 @@ from flow.pipeline.model import LiveStage
 from flow.pipeline.run import RunOptions
 from flow.pipeline.sources import KafkaSource
 from pipelines.ctr_streaming import ctr_streaming
-from spark_jobs import validate
+from spark_jobs import partitions, validate
 from spark_jobs.conf import session_conf
 from spark_jobs.jvm import codegen_text, executed_plan
-from spark_jobs.live import inplan, plan
+from spark_jobs.live import inplan
 from spark_jobs.live.batch_facts import Dropped
 from spark_jobs.live.counts import Seen
 from spark_jobs.live.parts import WriterParts
@@ -108,8 +108,9 @@ def test_shuffle_partitions_follow_the_cluster_never_spark_s_200(
     expected: int | None,
 ) -> None:
     query, _ = _query(tmp_path)
-    monkeypatch.setattr(plan, "launch_conf", lambda _spark: _Launched(launched))
-    monkeypatch.setattr(plan, "default_parallelism", lambda _spark: cores)
+    # The rule lives in spark_jobs.partitions, beside the batch stages' (one rule, two users).
+    monkeypatch.setattr(partitions, "launch_conf", lambda _spark: _Launched(launched))
+    monkeypatch.setattr(partitions, "default_parallelism", lambda _spark: cores)
     assert query.partitions() == expected
     query.stage = replace(query.stage, partitions=5)
     assert query.partitions() == 5  # the stage's own setting wins

@@ -116,9 +116,14 @@ def test_a_finished_run_is_not_reported_again_and_more_epochs_go_on_from_it(
     total = write(tmp_path, "train", [1000, 600])
     first = train(config(tmp_path), say=lambda _: None)
     assert first.rows == total
-    with pytest.raises(ConfigError, match=r"has finished at step \d+: .*--epochs"):
+    with pytest.raises(ConfigError, match=r"has finished at step \d+: .*--epochs \(from one"):
         train(config(tmp_path), say=lambda _: None)
-    more = train(config(tmp_path, epochs=2), say=lambda _: None)
+    # A second epoch by default adds an embedding L2: another run, refused in this folder ...
+    with pytest.raises(ConfigError, match=r"embedding_weight_decay: 0.0 -> 0.0001"):
+        train(config(tmp_path, epochs=2), say=lambda _: None)
+    # ... and with the L2 it trained with kept, the same run goes on.
+    same = OptimConfig(lr=0.01, embedding_weight_decay=0.0)
+    more = train(config(tmp_path, epochs=2, optim=same), say=lambda _: None)
     assert more.resumed_from == first.steps
     assert more.rows == total  # the second epoch, and only it
 
