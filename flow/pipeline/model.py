@@ -19,7 +19,7 @@ from typing import Literal, TypeVar, overload
 
 from flow.errors import ConfigError, HandoffError
 from flow.handoff.shards import codec
-from flow.pipeline.columns import stage_columns
+from flow.pipeline.columns import outside_spark, stage_columns
 from flow.pipeline.features import FeatureSpec
 from flow.pipeline.schema import (
     FIELD_TYPES,
@@ -320,6 +320,10 @@ class Pipeline(Definition):
     """Where training rows go: the handoff (default) or Iceberg tables."""
     columns: dict[str, dict[str, Field]] = field(init=False, repr=False, compare=False)
     """Per stage: the columns available to its features (filled in by validation)."""
+    outside_spark: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    """Per stage: why its features cannot be applied outside Spark (flow.transform), found when
+    the pipeline is built; empty where they can. A served model or the consistency check of
+    such a stage says these reasons rather than computing other values than Spark does."""
 
     def __post_init__(self) -> None:
         check_identifier(self.name, "Pipeline.name")
@@ -353,6 +357,11 @@ class Pipeline(Definition):
                     f"{did_you_mean(key, passthrough)}"
                 )
         object.__setattr__(self, "columns", columns)
+        portable = {
+            stage.name: tuple(outside_spark(stage.features, columns[stage.name]))
+            for stage in self.stages
+        }
+        object.__setattr__(self, "outside_spark", portable)
 
     @overload
     def stage(self, name: str) -> Stage: ...
