@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from flow.errors import ConfigError
+from flow.handoff import Channel
+from flow.handoff.shards import read_shard
 from flow.pipeline.features import (
     Bucketized,
     Cross,
@@ -25,8 +28,10 @@ from flow.pipeline.features import (
     Vocabulary,
     feature_name,
 )
+from flow.pipeline.state import FeatureState
+from flow.transform.apply import FeatureTransform
 
-__all__ = ["Consistency", "Mismatch", "compare"]
+__all__ = ["Consistency", "Mismatch", "by_key", "committed_sample", "compare"]
 
 REL = 1e-6
 """Floats agree when within this relative difference (or both NaN, or equal)."""
@@ -148,3 +153,38 @@ def compare(
 
 def _plain(value: Any) -> Any:
     return value.tolist() if isinstance(value, np.ndarray | np.generic) else value
+
+
+def committed_sample(channel: Channel, batch_id: int, rows: int) -> pa.Table:
+    """Up to ``rows`` training rows of commit ``batch_id``, its shards read in order (a shard's
+    rows are already permuted, so the first rows are a sample of the bucket)."""
+    commit = channel.commit(batch_id)
+    tables: list[pa.Table] = []
+    taken = 0
+    for info in commit.shards:
+        if taken >= rows:
+            break
+        table = read_shard(channel.folder, info, commit=batch_id)
+        tables.append(table.slice(0, rows - taken))
+        taken += tables[-1].num_rows
+    if not tables:
+        raise ConfigError(f"commit {batch_id} of channel {channel.name!r} holds no rows to check")
+    return pa.concat_tables(tables)
+
+
+def by_key(
+    spec: FeatureSpec, state: FeatureState, committed: pa.Table, raw: pa.Table, key: str
+) -> tuple[Consistency, int]:
+    """:func:`compare` of ``committed`` training rows with the Python transform of ``raw``
+    (the stage's feature inputs), matched on column ``key``; and how many committed rows found
+    no raw row, or more than one (a gap the caller must report, never skip silently)."""
+    raw_keys = raw.column(key).to_pylist()
+    counts: dict[Any, int] = {}
+    for k in raw_keys:
+        counts[k] = counts.get(k, 0) + 1
+    position = {k: i for i, k in enumerate(raw_keys) if counts[k] == 1}
+    keys = committed.column(key).to_pylist()
+    found = [i for i, k in enumerate(keys) if k in position]
+    python = FeatureTransform(spec, state).apply(raw.take([position[keys[i]] for i in found]))
+    report = compare(spec, committed.take(found), python, [keys[i] for i in found])
+    return report, len(keys) - len(found)
