@@ -5,6 +5,7 @@ The transform as a whole is held to Spark SQL in tests/spark_jobs/test_transform
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from flow.errors import ConfigError
 from flow.pipeline import FeatureSpec, Field, Hashed, Numeric, Vocabulary
 from flow.pipeline.columns import outside_spark
+from flow.pipeline.features import spec_from_dict, spec_to_dict
 from flow.pipeline.state import FeatureState
 from flow.transform import FeatureTransform
 from flow.transform.consistency import compare
@@ -93,3 +95,12 @@ def test_compare_names_the_feature_that_differs() -> None:
     assert compare(SPEC, spark, spark).lines() == [
         "2 rows, 4 features: 0 mismatches"
     ]  # and the weight
+
+
+def test_a_spec_travels_as_plain_data_with_its_fingerprint() -> None:
+    from pipelines.ctr import ctr_features
+
+    spec = ctr_features()
+    again = spec_from_dict(json.loads(json.dumps(spec_to_dict(spec))))
+    assert again == spec
+    assert again.fingerprint == spec.fingerprint
