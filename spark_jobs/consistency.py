@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from flow.config import StackConfig
 from flow.console import reporting_errors
 from flow.errors import ConfigError
+from flow.pipeline.features import FeatureSpec
 from flow.pipeline.model import BackfillStage, Pipeline
 from flow.pipeline.sources import IcebergSource
 from flow.pipeline.state import FeatureState, states_location
@@ -51,6 +52,16 @@ class ChannelCheck:
     key: str
     report: Consistency
     unmatched: int
+    committed: pa.Table = dataclasses.field(repr=False)
+    """The committed rows checked."""
+    raw: pa.Table = dataclasses.field(repr=False)
+    """Their feature inputs, as the stage's Spark phases gave them."""
+
+    def against(self, spec: FeatureSpec, state: FeatureState) -> ChannelCheck:
+        """The same rows checked against another spec or state, with no Spark work (a test
+        changing a vocabulary or a clip bound shows that the check names the feature)."""
+        report, unmatched = by_key(spec, state, self.committed, self.raw, self.key)
+        return dataclasses.replace(self, report=report, unmatched=unmatched)
 
     @property
     def ok(self) -> bool:
@@ -114,12 +125,9 @@ def check_channel(
     rows: int = 2000,
     batch_id: int | None = None,
     key: str | None = None,
-    state: FeatureState | None = None,
 ) -> ChannelCheck:
-    """Check up to ``rows`` rows of commit ``batch_id`` (default: the last) of ``channel``.
-
-    ``state`` replaces the channel's own feature state (a test changing a vocabulary shows
-    that the check fails, naming the feature)."""
+    """Check up to ``rows`` rows of commit ``batch_id`` (default: the last) of ``channel``
+    against the feature state the channel names."""
     stage = next((s for s in pipeline.stages if s.channel == channel), None)
     if not isinstance(stage, BackfillStage):
         kind = "no stage" if stage is None else f"live stage {stage.name!r}"
@@ -138,18 +146,15 @@ def check_channel(
     if batch not in ids:
         raise ConfigError(f"channel {channel!r} has no commit {batch}; commits: {ids}")
     commit = found.commit(batch)
-    if state is None:
-        version = found.meta().feature_state
-        state = FeatureState.load(
-            states_location(stack, pipeline.namespace), stage.features, version
-        )
+    version = found.meta().feature_state
+    state = FeatureState.load(states_location(stack, pipeline.namespace), stage.features, version)
     column = _key(pipeline, stage, key)
     committed = committed_sample(found, batch, rows)
     inputs = raw_inputs(spark, stack, pinned(pipeline, commit.source_positions), stage)
     wanted = spark.createDataFrame(pa.table({column: committed.column(column)}))
     raw = inputs.join(F.broadcast(wanted), column, "left_semi").toArrow()
     report, unmatched = by_key(stage.features, state, committed, raw, column)
-    return ChannelCheck(channel, batch, column, report, unmatched)
+    return ChannelCheck(channel, batch, column, report, unmatched, committed, raw)
 
 
 def _pipeline_for(namespace: str, channel: str, given: str | None) -> Pipeline:

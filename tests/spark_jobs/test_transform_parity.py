@@ -153,7 +153,7 @@ def _state(table: pa.Table, data: st.DataObject) -> FeatureState:
 
 
 @settings(
-    max_examples=12,
+    max_examples=8,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
