@@ -104,3 +104,26 @@ def test_a_spec_travels_as_plain_data_with_its_fingerprint() -> None:
     again = spec_from_dict(json.loads(json.dumps(spec_to_dict(spec))))
     assert again == spec
     assert again.fingerprint == spec.fingerprint
+
+
+def test_for_stage_refuses_a_stage_that_hashes_a_double() -> None:
+    import dataclasses
+
+    from pipelines.ctr_backfill import ctr_backfill
+
+    pipeline = ctr_backfill()
+    stage = pipeline.stages[0]
+    spec = dataclasses.replace(
+        stage.features, features=(Hashed("item_price", buckets=8, name="p"),)
+    )
+    built = dataclasses.replace(pipeline, stages=(dataclasses.replace(stage, features=spec),))
+    state = FeatureState(spec.name, spec.fingerprint)
+    with pytest.raises(ConfigError, match="cannot be featurized outside Spark: feature 'p'"):
+        FeatureTransform.for_stage(built, "backfill", state)
+    assert FeatureTransform.for_stage(pipeline, "backfill", _ctr_state()).inputs[0] == "user_id"
+
+
+def _ctr_state() -> FeatureState:
+    from tests.trainers.test_serving import STATE
+
+    return STATE
