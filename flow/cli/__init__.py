@@ -16,6 +16,7 @@
     flow spark-args                      the options to give a plain spark-submit
     flow handoff ls | show | verify | close | retire | drop
                                          handoff channels (see flow/cli/channels.py)
+    flow check consistency NS CHANNEL    committed features against the Python transform
     flow bench NAME [args]               benchmarks/NAME.py on the local stack
     flow compose check [FILE]            each service's settings in a compose file, checked
     flow --debug COMMAND ...             errors with their traceback (also FLOW_DEBUG=1)
@@ -31,7 +32,7 @@ import sys
 
 import click
 
-from flow.cli import channels, data, deploy, driver, ingest, jobs, lifecycle, local
+from flow.cli import channels, check, data, deploy, driver, ingest, jobs, lifecycle, local
 from flow.console import DEBUG_ENV, DEBUG_FLAG
 
 __all__ = ["main"]
@@ -72,6 +73,7 @@ for command in (
     lifecycle.schedule,
     lifecycle.insight,
     channels.handoff,
+    check.check,
     deploy.compose,
 ):
     main.add_command(command)

@@ -31,7 +31,11 @@ from flow.pipeline.sources import (
 if TYPE_CHECKING:
     from flow.pipeline.model import Stage
 
-__all__ = ["stage_columns"]
+__all__ = ["HASHABLE_TYPES", "outside_spark", "stage_columns"]
+
+HASHABLE_TYPES = frozenset({"string", "int", "long", "boolean", "array<string>", "array<long>"})
+"""Column types whose ``cast(v AS string)`` (what a categorical feature hashes or looks up) the
+Python transform reproduces exactly: flow.transform.spark_semantics."""
 
 SourceLookup = Callable[..., Source]
 """``lookup(name, used_by=...)``: the pipeline's source of that name, or a ConfigError."""
@@ -152,3 +156,25 @@ def _check_features(spec: FeatureSpec, available: dict[str, Field], where: str) 
         raise ConfigError(f"{where}: the weight {spec.weight!r} is not a number")
     for column in spec.passthrough:
         need(column, "passthrough")
+
+
+def outside_spark(spec: FeatureSpec, columns: dict[str, Field]) -> list[str]:
+    """Why ``spec`` cannot be applied outside Spark over ``columns`` (empty: it can).
+
+    A categorical feature hashes or looks up its value's text, ``cast(v AS string)``; the
+    Python transform reproduces that text for strings, integers and booleans only. A double's
+    is Java's ``Double.toString`` (``1.0E7``; JDK 17 writes ``4.9E-324`` for Python's
+    ``5e-324``), a timestamp's depends on the session time zone."""
+    reasons = []
+    for feature in spec.features:
+        if isinstance(feature, Numeric | Bucketized):
+            continue
+        for column in feature_inputs(feature):
+            found = columns.get(column)
+            if found is not None and found.type not in HASHABLE_TYPES:
+                reasons.append(
+                    f"feature {feature_name(feature)!r} hashes or looks up {column!r}, a "
+                    f"{found.type} column, whose text Spark writes in its own way; cast it to "
+                    "a string or an integer in a Derived column first"
+                )
+    return reasons

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from flow.errors import ConfigError
 from flow.pipeline.schema import Definition, check_identifier
@@ -27,6 +27,8 @@ __all__ = [
     "HashedSequence",
     "Numeric",
     "Vocabulary",
+    "spec_from_dict",
+    "spec_to_dict",
 ]
 
 Kind = Literal["dense", "sparse", "sequence"]
@@ -289,3 +291,35 @@ class FeatureSpec(Definition):
             default=list,
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+_KINDS: dict[str, type] = {
+    k.__name__: k for k in (Hashed, Vocabulary, Numeric, Bucketized, Cross, HashedSequence)
+}
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def spec_to_dict(spec: FeatureSpec) -> dict[str, Any]:
+    """``spec`` as plain data (JSON), e.g. to travel with a served model: see
+    :func:`spec_from_dict`."""
+    plain = asdict(spec)
+    plain["features"] = [{"kind": type(f).__name__, **asdict(f)} for f in spec.features]
+    return plain
+
+
+def spec_from_dict(data: dict[str, Any]) -> FeatureSpec:
+    """The spec :func:`spec_to_dict` wrote, validated again (same fingerprint)."""
+    features = []
+    for entry in data["features"]:
+        fields = dict(entry)
+        kind = _KINDS.get(fields.pop("kind"))
+        if kind is None:
+            raise ConfigError(
+                f"feature kind {entry['kind']!r} is unknown; kinds: {', '.join(_KINDS)}"
+            )
+        features.append(kind(**{k: _tuples(v) for k, v in fields.items()}))
+    rest = {k: _tuples(v) for k, v in data.items() if k != "features"}
+    return FeatureSpec(features=tuple(features), **rest)

@@ -19,8 +19,8 @@ from typing import Literal, TypeVar, overload
 
 from flow.errors import ConfigError, HandoffError
 from flow.handoff.shards import codec
-from flow.pipeline.columns import stage_columns
-from flow.pipeline.features import FeatureSpec
+from flow.pipeline.columns import outside_spark, stage_columns
+from flow.pipeline.features import FeatureSpec, feature_inputs
 from flow.pipeline.schema import (
     FIELD_TYPES,
     Definition,
@@ -320,6 +320,11 @@ def _check_renames(kind: str, renames: Mapping[str, str], existing: list[str], o
             )
 
 
+def feature_columns(spec: FeatureSpec) -> set[str]:
+    """The columns ``spec``'s features read."""
+    return {c for f in spec.features for c in feature_inputs(f)}
+
+
 @dataclass(frozen=True)
 class Pipeline(Definition):
     """Sources and the stages that turn them into training rows."""
@@ -333,6 +338,14 @@ class Pipeline(Definition):
     """Where training rows go: the handoff (default) or Iceberg tables."""
     columns: dict[str, dict[str, Field]] = field(init=False, repr=False, compare=False)
     """Per stage: the columns available to its features (filled in by validation)."""
+    outside_spark: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    """Per stage: why its features cannot be applied outside Spark (flow.transform), found when
+    the pipeline is built; empty where they can. A served model or the consistency check of
+    such a stage says these reasons rather than computing other values than Spark does."""
+    spark_only: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    """Per stage: the Derived columns its features read. Their expressions are Spark SQL,
+    which the Python transform does not evaluate: a model serving raw events takes these
+    columns as inputs, computed by the caller (the consistency check takes them from Spark)."""
 
     def __post_init__(self) -> None:
         check_identifier(self.name, "Pipeline.name")
@@ -366,6 +379,18 @@ class Pipeline(Definition):
                     f"{did_you_mean(key, passthrough)}"
                 )
         object.__setattr__(self, "columns", columns)
+        portable = {
+            stage.name: tuple(outside_spark(stage.features, columns[stage.name]))
+            for stage in self.stages
+        }
+        object.__setattr__(self, "outside_spark", portable)
+        derived_read = {
+            stage.name: tuple(
+                d.name for d in stage.derive if d.name in feature_columns(stage.features)
+            )
+            for stage in self.stages
+        }
+        object.__setattr__(self, "spark_only", derived_read)
 
     @overload
     def stage(self, name: str) -> Stage: ...

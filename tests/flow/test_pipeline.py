@@ -569,3 +569,20 @@ def test_a_pipeline_names_the_connectors_its_sources_need_beyond_icebergs() -> N
         ctr_streaming(), sources={**ctr_streaming().sources, "users": users}
     )
     assert with_delta.connectors() == {"kafka", "delta"}
+
+
+def test_what_cannot_run_outside_spark_is_known_when_the_pipeline_is_built() -> None:
+    pipeline = ctr_backfill()
+    assert pipeline.outside_spark == {"backfill": ()}
+    assert pipeline.spark_only == {"backfill": ()}
+    spec = pipeline.stages[0].features
+    changed = dataclasses.replace(
+        spec,
+        features=(*spec.features, Numeric("hour"), Hashed("item_price", buckets=8, name="p")),
+    )
+    built = _with_stage(
+        pipeline, derive=(Derived("hour", "hour(ts)", type="int"),), features=changed
+    )
+    assert built.spark_only == {"backfill": ("hour",)}  # a server passes 'hour' itself
+    (reason,) = built.outside_spark["backfill"]
+    assert "feature 'p' hashes or looks up 'item_price', a double column" in reason

@@ -83,6 +83,12 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
     learned = logistic_auc(sparse, dense, rows.column("label").to_numpy() > 0.5, sizes)
     assert learned > 0.6, f"a model on the training rows reached only AUC {learned:.3f}"
 
+    # One transform, two executions: the Python transform of the rows' raw inputs (the tables
+    # at the commit's snapshots) gives what Spark committed, every feature of every row.
+    check = run_flow(["check", "consistency", "ctr", "backfill", "--rows", "5000"], stack_env)
+    assert check.returncode == 0, (check.stdout + check.stderr)[-4000:]
+    assert "5,000 rows, 16 features: 0 mismatches" in check.stdout, check.stdout
+
     stream = produce_stream(
         running_stack,
         count=3000,

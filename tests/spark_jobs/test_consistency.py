@@ -1,0 +1,97 @@
+"""``flow check consistency`` on a backfill channel: its rows agree with the Python transform of
+their raw inputs, and a changed vocabulary or clip bound makes the check fail, naming the feature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from flow.config import StackConfig
+from flow.pipeline import BackfillStage, Numeric
+from flow.pipeline.state import FeatureState
+from spark_jobs.backfill import run_backfill
+from spark_jobs.consistency import check_channel
+from tests.spark_jobs.test_stages import TS, Lake, m
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def lake(running_stack: StackConfig) -> Lake:
+    """60 impressions of users 1-4 and 9 (unknown: its columns enrich to nulls), a third
+    clicked, positions 1-50 and null, devices with nulls."""
+    pick = random.Random(3)
+    world = Lake(running_stack, f"c{uuid.uuid4().hex[:8]}")
+    impressions = [
+        {
+            "id": f"i{n}",
+            "user_id": pick.choice([1, 2, 3, 4, 9]),
+            "ts": m(n),
+            "position": pick.choice([None, 1, 2, 7, 12, 30, 50]),
+            "device": pick.choice([None, "ios", "android", "web"]),
+        }
+        for n in range(60)
+    ]
+    world.table(
+        "impressions_history",
+        impressions,
+        pa.schema(
+            [
+                ("id", pa.string()),
+                ("user_id", pa.int64()),
+                ("ts", TS),
+                ("position", pa.int32()),
+                ("device", pa.string()),
+            ]
+        ),
+    )
+    clicks = [{"id": f"i{n}", "ts": m(n + 1)} for n in range(0, 60, 3)]
+    world.table("clicks_history", clicks, pa.schema([("id", pa.string()), ("ts", TS)]))
+    world.users()
+    return world
+
+
+def test_a_backfill_channel_agrees_with_the_python_transform_and_a_change_is_named(
+    spark: SparkSession, lake: Lake
+) -> None:
+    pipeline = lake.pipeline()
+    stage = pipeline.stage("backfill", BackfillStage)
+    _, state = run_backfill(spark, pipeline, stage, lake.stack)
+
+    result = check_channel(spark, lake.stack, pipeline, "backfill")
+    print("\n".join(result.lines()))
+    assert result.ok, result.lines()
+    assert (result.report.rows, result.unmatched) == (60, 0)
+
+    # A vocabulary in another order: the rows' user_country indices are no longer the state's.
+    vocabulary = state.vocabularies["user_country"]
+    swapped = dataclasses.replace(
+        state, vocabularies={**state.vocabularies, "user_country": vocabulary[::-1]}
+    )
+    changed = result.against(stage.features, swapped)
+    assert not changed.ok
+    assert [m.feature for m in changed.report.mismatches] == ["user_country"]
+    assert "user_country (sparse)" in "\n".join(changed.lines())
+
+    # A clip bound moved from 50 to 10: positions above 10 differ, in that feature only.
+    features = stage.features
+    clipped = dataclasses.replace(
+        features,
+        features=tuple(
+            dataclasses.replace(f, clip=(1, 10)) if isinstance(f, Numeric) else f
+            for f in features.features
+        ),
+    )
+    refit = FeatureState(
+        clipped.name, clipped.fingerprint, state.vocabularies, state.moments, state.boundaries
+    )
+    bounded = result.against(clipped, refit)
+    print("\n".join(bounded.lines()))
+    assert [m.feature for m in bounded.report.mismatches] == ["position"]
+    assert 0 < bounded.report.mismatches[0].rows < 60  # positions 12, 30 and 50, not the rest
