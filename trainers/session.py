@@ -172,6 +172,15 @@ class Session:
         if config.init_from_champion or config.promote_margin is not None:
             self.champion = self._champion(warm_start=config.init_from_champion)
         self.columns = columns_of(self.layout)
+        # Dynamic tables that expire by event time read the step's times.
+        self.columns += sorted(
+            {
+                e.time_column
+                for e in config.model.embeddings
+                if e.kind == "dynamic" and e.ttl_unit == "seconds"
+            }
+            - set(self.columns)
+        )
         self.labels: dict[str, Labels] = {}
         """Per channel seen: how its rows were labelled and the loss used on them."""
         self.step = 0
@@ -417,6 +426,8 @@ class Session:
         loss.backward()  # type: ignore[no-untyped-call]
         if self.clip is not None:
             self.clip.apply(self.model, tensors)
+        # Rows a dynamic table gave to new ids in this forward start without optimizer state.
+        self.model.reset_new_rows(self.optimizer)
         self.optimizer.step()
         self.step += 1
         return loss
