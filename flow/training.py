@@ -112,7 +112,7 @@ class EmbeddingConfig:
     """Dynamic, a full table: whom a newly admitted id replaces, ``lru`` (least recently seen,
     then least often) or ``lfu`` (least often seen, then least recently)."""
     candidates: int | None = None
-    """Dynamic: cells of the admission sketch per hash (default ``4 x rows``); ignored when
+    """Dynamic: cells of the admission sketch per hash (default ``2 x rows``); ignored when
     ``min_count`` is 1."""
 
     def __post_init__(self) -> None:
@@ -151,7 +151,7 @@ class EmbeddingConfig:
 
     @property
     def sketch_width(self) -> int:
-        return self.candidates or 4 * self.rows
+        return self.candidates or 2 * self.rows
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
@@ -149,6 +149,11 @@ class Placement(NamedTuple):
     ids: Tensor
     """int64: the ids (``FREE`` in unused slots)."""
 
+    def compacted(self) -> Placement:
+        """Only the placed entries: on the CPU, where finding them costs no device wait, every
+        later write and hash then works on the few new ids, not on every id slot."""
+        return Placement(self.rows[self.placed], self.placed[self.placed], self.ids[self.placed])
+
     def write(self, block: Tensor, values: Tensor) -> None:
         """Set ``block[rows] = values`` where placed, in place and without a host sync: entries
         not placed write row 0's own value back to it."""
@@ -180,8 +185,9 @@ class DynamicTable(nn.Module):
         self.register_buffer("keys", torch.full((rows,), FREE, dtype=torch.long))
         self.register_buffer("counts", torch.zeros(rows, dtype=torch.long))
         self.register_buffer("last", torch.zeros(rows, dtype=torch.long))
-        self.register_buffer("sorted_keys", torch.full((rows,), FREE, dtype=torch.long))
-        self.register_buffer("sorted_rows", torch.arange(rows, dtype=torch.long))
+        # Derived from keys, so not saved: rebuilt when a state is loaded.
+        self.register_buffer("sorted_keys", torch.full((rows,), FREE, dtype=torch.long), False)
+        self.register_buffer("sorted_rows", torch.arange(rows, dtype=torch.long), False)
         # One cell past the sketch's end takes the updates of ids that must not count.
         cells = _SKETCH_DEPTH * self.width + 1 if config.min_count > 1 else 1
         self.register_buffer("sketch", torch.zeros(cells, dtype=torch.long))
@@ -223,6 +229,7 @@ class DynamicTable(nn.Module):
         flat = ids.reshape(-1).to(device, torch.long)
         n = flat.numel()
 
+        expired = None
         if config.ttl is not None:  # expiry first: an id back after ttl is admitted anew
             expired = (self.keys != FREE) & (self.last < t - config.ttl)
             self.keys.masked_fill_(expired, FREE)
@@ -230,7 +237,7 @@ class DynamicTable(nn.Module):
 
         # The distinct ids and their counts, in fixed shapes: sorted, FREE (no id) last.
         valid = (flat != NULL_ID) & (flat != FREE)
-        ordered = torch.sort(torch.where(valid, flat, FREE)).values
+        ordered = torch.sort(torch.where(valid, flat, FREE)).values  # values only: unstable is fine
         first = torch.ones(n, dtype=torch.bool, device=device)
         first[1:] = ordered[1:] != ordered[:-1]
         real = ordered != FREE
@@ -241,8 +248,9 @@ class DynamicTable(nn.Module):
         seen.scatter_add_(0, slot, torch.ones_like(slot))
         distinct, seen = distinct[:n], seen[:n]
 
-        self._rebuild()  # rows freed by expiry no longer answer
-        rows = self.lookup(distinct)
+        rows = self.lookup(distinct)  # the index is of before expiry: expired rows are misses
+        if expired is not None:
+            rows = torch.where(expired[rows], 0, rows)
         hit = rows > 0
         self.counts.index_add_(0, rows, torch.where(hit, seen, 0))
         self.last.scatter_reduce_(0, rows, torch.where(hit, t, 0), "amax")
@@ -285,8 +293,10 @@ class DynamicTable(nn.Module):
         busy.scatter_(0, rows, hit)
         busy[0] = True
         free = self.keys == FREE
-        # One int64 sort key: class (free 0, evictable 1, busy 2), then the policy's two keys.
-        limit = 2**30 - 1
+        # One distinct int64 key per row: class (free 0, evictable 1, busy 2), the policy's two
+        # keys (15 bits each: ages and counts past 32,767 tie), the row. Distinct keys make the
+        # smallest k the same on any device and any run, without a stable sort of every row.
+        limit = 2**15 - 1
         age = (t - self.last).clamp(0, limit)
         often = self.counts.clamp(0, limit)
         if self.config.eviction == "lru":
@@ -294,12 +304,14 @@ class DynamicTable(nn.Module):
         else:
             first, second = often, limit - age
         grade = torch.where(busy, 2, torch.where(free, 0, 1))
-        key = (grade << 61) | (first << 30) | second
-        order = torch.sort(key, stable=True).indices
+        index = torch.arange(size, device=device)
+        key = (grade << 61) | (first << 46) | (second << 31) | index
+        wanted = min(ids.numel(), size)  # never more admissions than distinct ids
+        order = torch.topk(key, wanted, largest=False, sorted=True).indices
         available = (grade < 2).sum()
         rank = torch.cumsum(admit.long(), 0) - 1
-        placed = admit & (rank < available)
-        target = order[rank.clamp(0, size - 1)]
+        placed = admit & (rank < available) & (rank < wanted)
+        target = order[rank.clamp(0, max(wanted - 1, 0))] if wanted else rank.clamp(0, 0)
         # The ids not placed write to a spare slot past the end, dropped after.
         target = torch.where(placed, target, size)
         spare = torch.full((1,), FREE, dtype=torch.long, device=device)
@@ -311,9 +323,16 @@ class DynamicTable(nn.Module):
         return Placement(torch.where(placed, target, 0), placed, ids)
 
     def _rebuild(self) -> None:
-        ordered = torch.sort(self.keys, stable=True)
+        # Unstable is enough (and on the CPU far faster): held keys are distinct, and where
+        # the FREE rows land in the index no lookup can tell.
+        ordered = torch.sort(self.keys)
         self.sorted_keys.copy_(ordered.values)
         self.sorted_rows.copy_(ordered.indices)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        with torch.no_grad():
+            self._rebuild()
 
 
 def _hashed(ids: Tensor, rows: int) -> Tensor:
@@ -375,7 +394,9 @@ class IdTables(nn.Module):
             table = cast(DynamicTable, self.tables[choice.feature])
             if update:
                 now = self._now(batch, choice) if choice.ttl_unit == "seconds" else None
-                self._placed[k] = table.update(gather_ids(column), now)
+                placement = table.update(gather_ids(column), now)
+                cpu = placement.rows.device.type == "cpu"
+                self._placed[k] = placement.compacted() if cpu else placement
             columns.append(table.lookup(column))
         return torch.stack(columns, dim=1)
 
