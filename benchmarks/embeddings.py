@@ -167,8 +167,8 @@ def configs(args: argparse.Namespace) -> dict[str, ModelConfig]:
     hashed_rows = dynamic_bytes // per_row
     hashed = tuple(EmbeddingConfig(n, kind="hashed", rows=hashed_rows) for n in LAYOUT.ids)
     return {
-        "hashed": ModelConfig(**base, embeddings=hashed),  # type: ignore[arg-type]
-        "dynamic": ModelConfig(**base, embeddings=dynamic),  # type: ignore[arg-type]
+        "hashed": ModelConfig(**base, embeddings=hashed),
+        "dynamic": ModelConfig(**base, embeddings=dynamic),
     }
 
 

@@ -154,7 +154,12 @@ class Session:
         self.seen_frozen_channel = False
         if self.world.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.net = DistributedDataParallel(self.model, device_ids=ids)
+            # Dynamic tables agree on every rank by construction (each learns every rank's
+            # ids): broadcasting their mappings and sketches each step would only cost time.
+            dynamic = any(e.kind == "dynamic" for e in config.model.embeddings)
+            self.net = DistributedDataParallel(
+                self.model, device_ids=ids, broadcast_buffers=not dynamic
+            )
         if config.compile:
             self.net = torch.compile(self.net)  # type: ignore[assignment]
         bf16 = config.bf16 if config.bf16 is not None else self.device.type == "cuda"
