@@ -380,6 +380,8 @@ class IdTables(nn.Module):
             {c.feature: DynamicTable(c) for c in self.choices if c.kind == "dynamic"}
         )
         self._placed: dict[int, Placement] = {}
+        self.compact = True
+        """Compact placements on the CPU (off: the fixed-shape path a GPU takes, for tests)."""
 
     def forward(self, batch: Mapping[str, Tensor], *, update: bool) -> Tensor:
         ids = batch["ids"]
@@ -396,7 +398,7 @@ class IdTables(nn.Module):
                 now = self._now(batch, choice) if choice.ttl_unit == "seconds" else None
                 placement = table.update(gather_ids(column), now)
                 cpu = placement.rows.device.type == "cpu"
-                self._placed[k] = placement.compacted() if cpu else placement
+                self._placed[k] = placement.compacted() if cpu and self.compact else placement
             columns.append(table.lookup(column))
         return torch.stack(columns, dim=1)
 

@@ -180,8 +180,9 @@ def test_any_sequence_of_updates_keeps_a_consistent_mapping(
         distinct = set(values)
         if min_count == 1 and len(distinct) <= rows - 1:
             assert 0 not in rows_of(t, *distinct)  # everything of this step fit
-    for name, buffer in t.named_buffers():
-        assert torch.equal(buffer, twin.get_buffer(name)), name
+    # The saved state (the lookup index is derived: where free rows sit in it is no state).
+    for name, buffer in t.state_dict().items():
+        assert torch.equal(buffer, twin.state_dict()[name]), name
 
 
 def test_initial_rows_are_a_function_of_the_id() -> None:
@@ -280,6 +281,17 @@ def test_a_reused_row_starts_afresh_with_no_optimizer_state() -> None:
         optimizer.zero_grad()
         logits.sum().backward()
         optimizer.step()
+
+
+def test_the_fixed_shape_path_a_gpu_takes_writes_what_the_compacted_one_does() -> None:
+    compacted, fixed = _model(), _model()
+    assert fixed.id_tables is not None
+    fixed.id_tables.compact = False
+    for model in (compacted, fixed):
+        _train(model, torch.optim.Adagrad(model.parameters(), lr=0.05), range(10))
+    expected, got = _state(compacted), _state(fixed)
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
 
 
 def test_exact_resume_equals_an_uninterrupted_run() -> None:
@@ -433,8 +445,8 @@ def test_the_mapping_is_the_same_on_cuda_as_on_the_cpu() -> None:
         gpu.update(batch.cuda())
         probe = torch.randint(0, 80, (32,), generator=g) * 7919 + 2**40
         assert torch.equal(cpu.lookup(probe), gpu.lookup(probe.cuda()).cpu())
-    for name, buffer in cpu.named_buffers():
-        assert torch.equal(buffer, gpu.get_buffer(name).cpu()), name
+    for name, buffer in cpu.state_dict().items():
+        assert torch.equal(buffer, gpu.state_dict()[name].cpu()), name
 
 
 @CUDA
@@ -456,6 +468,9 @@ def test_a_model_trains_on_cuda_and_matches_the_cpu_mapping() -> None:
             optimizer.step()
     assert cpu.id_tables is not None
     assert gpu.id_tables is not None
-    for name, buffer in cpu.id_tables.named_buffers():
-        assert torch.equal(buffer, gpu.id_tables.get_buffer(name).cpu()), name
-    assert torch.allclose(cpu.embeddings.weight, gpu.embeddings.weight.cpu(), atol=1e-4)
+    for name, buffer in cpu.id_tables.state_dict().items():
+        assert torch.equal(buffer, gpu.id_tables.state_dict()[name].cpu()), name
+    # Weights agree up to float differences; Adagrad's first step (about lr x the gradient's
+    # sign) may turn a near-zero gradient's rounding into a full step on a few entries.
+    differs = (cpu.embeddings.weight - gpu.embeddings.weight.cpu()).abs() > 1e-3
+    assert float(differs.float().mean()) < 0.01
