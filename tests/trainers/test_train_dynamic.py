@@ -105,3 +105,26 @@ def test_a_run_on_raw_ids_learns_and_resumes_exactly(tmp_path: Path) -> None:
     for name, value in expected.items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(value, got[name]), name
+
+
+def test_the_exported_model_takes_raw_ids_in_a_column_per_id_feature() -> None:
+    from trainers.export import batch_from_frame, example_frame
+    from trainers.models import build_model
+
+    config = ModelConfig(
+        "deepfm", embedding_dim=4, hidden=(8,), embeddings=(EmbeddingConfig("item_id", rows=8),)
+    )
+    model = build_model(config, LAYOUT)
+    frame = example_frame(LAYOUT)
+    assert "item_id" in frame.columns
+    frame["item_id"] = [2**62 + 3, 5]
+    batch = batch_from_frame(frame, LAYOUT)
+    assert batch["ids"].tolist() == [[2**62 + 3], [5]]
+    model.train()
+    model(batch)  # admits both ids
+    model.eval()
+    with torch.no_grad():
+        scored = model(batch_from_frame(frame, LAYOUT))
+    assert scored.shape == (2,)
+    assert model.id_tables is not None
+    assert (model.id_tables(batch, update=False) > 0).all()  # both have rows of their own
