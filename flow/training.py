@@ -511,6 +511,9 @@ class TrainConfig:
         long it trains (``epochs``, ``max_steps``: raising them goes on from a checkpoint), where
         and how fast it runs, and what it reports."""
         data = config_to_dict(self)
+        # Only when set: checkpoints recorded before dynamic tables existed still belong.
+        if not data["model"].get("embeddings"):
+            data["model"].pop("embeddings", None)
         return {k: v for k, v in sorted(data.items()) if k not in _NOT_IDENTITY}
 
     def resolved(self, stack: StackConfig) -> TrainConfig:
@@ -583,6 +586,17 @@ def _dataclass_in(hint: Any) -> type | None:
     return None
 
 
+def _items_dataclass(hint: Any) -> type | None:
+    """The dataclass of a ``tuple[Dataclass, ...]`` field's entries, if it is one."""
+    if typing.get_origin(hint) is Annotated:
+        hint = get_args(hint)[0]
+    if typing.get_origin(hint) is tuple:
+        args = get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return _dataclass_in(args[0])
+    return None
+
+
 def _check_keys(kind: type, data: Mapping[str, Any], where: str) -> None:
     """Unknown keys are an error naming the closest known one, never silently ignored."""
     hints = typing.get_type_hints(kind, include_extras=True)
@@ -595,6 +609,11 @@ def _check_keys(kind: type, data: Mapping[str, Any], where: str) -> None:
         nested = _dataclass_in(hints[key])
         if nested is not None and isinstance(value, Mapping):
             _check_keys(nested, value, f"{where}.{key}")
+        items = _items_dataclass(hints[key])  # a tuple of entries (ModelConfig.embeddings)
+        if items is not None and isinstance(value, list):
+            for k, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    _check_keys(items, item, f"{where}.{key}.{k}")
 
 
 def config_from_dict(data: Mapping[str, Any], where: str = "TrainConfig") -> TrainConfig:
