@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 
 from flow.handoff import Channel, Commit
 from flow.pipeline.state import Layout
-from flow.training import EmbeddingConfig, ModelConfig, OptimConfig, TrainConfig
+from flow.training import EmbeddingConfig, ModelConfig, OptimConfig, TrainConfig, save_config
+from tests.support import REPO
 from trainers.checkpoint import Checkpointer
 from trainers.train import train
 
@@ -128,3 +133,20 @@ def test_the_exported_model_takes_raw_ids_in_a_column_per_id_feature() -> None:
     assert scored.shape == (2,)
     assert model.id_tables is not None
     assert (model.id_tables(batch, update=False) > 0).all()  # both have rows of their own
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_train_a_dynamic_table(tmp_path: Path) -> None:
+    _write(tmp_path, [1024, 1024])
+    run = _config(tmp_path, tmp_path / "ckpt", batch_size=64)
+    config_file = save_config(run, tmp_path / "run.json")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+        "-m", "trainers", "train", "--config", str(config_file), "--no-tracking",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOW_HOME": str(tmp_path / "home")}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    model = _final_model(tmp_path / "ckpt")
+    keys = model["id_tables.tables.item_id.keys"]
+    assert 0 < int((keys != 2**63 - 1).sum()) <= 127
