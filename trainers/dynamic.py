@@ -19,23 +19,28 @@ its ``state_dict``: checkpoints resume it exactly, the exported model scores raw
 - ``keys[r]``: the id holding row ``r`` (``FREE`` if none; row 0 is always ``FREE``), with
   ``counts[r]`` (times seen) and ``last[r]`` (when last seen: a step or an event time).
 - ``sorted_keys`` / ``sorted_rows``: ``keys`` sorted, for :meth:`DynamicTable.lookup` by
-  ``torch.searchsorted``: O(log rows) per id, fixed shapes, no host synchronisation.
+  ``torch.searchsorted``: O(log rows) per id, fixed shapes, no host synchronisation. Derived
+  from ``keys``, so not saved: rebuilt when a state is loaded, and after each update (one sort
+  of the table's keys per step: the fixed cost that makes small tables relatively slow).
 - ``sketch`` / ``sketch_time``: a count-min sketch (``depth`` hashes x ``width`` cells) counting
   ids not admitted yet, bounded whatever the number of distinct ids. A collision can only
   overcount, so an id is admitted early, never late; a cell not touched for ``ttl`` restarts
   from zero, so the sketch forgets as the table does.
 
 :meth:`DynamicTable.update` (a training forward) is a fixed-shape function of the ids it is
-given: ties are broken by id and by row index, never by thread timing. Under DDP each rank gives
-it every rank's ids (:func:`gather_ids`), so every rank computes the same mapping. It makes no
-host synchronisation either, so a CUDA step does not wait on it.
+given: ties are broken by id and by row index, never by thread timing (the rows to give away
+are the ``k`` smallest of a distinct key per row, class, policy and row index in one int64, so
+``torch.topk`` picks the same ones on any device without a stable sort of every row). Under
+DDP each rank gives it every rank's ids (:func:`gather_ids`), so every rank computes the same
+mapping. It makes no host synchronisation either, so a CUDA step does not wait on it.
 
 A row given to a new id is re-initialised (:func:`initial_rows`: a hash of the id, not the random
 generator, so every rank and every resumed run writes the same values) and its optimizer state
 is zeroed (:func:`reset_optimizer_rows`): for Adagrad that makes the row exactly a new
 parameter; for Adam the moments restart from zero but the step count (one per tensor) does not,
-so a reused row's first steps are about ``1/sqrt(1-beta2)`` (~3x) the size of a new
-parameter's. Adagrad is the embeddings' default optimizer.
+so its bias correction is spent and a reused row's first step is about
+``(1-beta1)/sqrt(1-beta2)`` (~3x) the learning rate, where a new parameter's is 1x. Adagrad is
+the embeddings' default optimizer.
 """
 
 from __future__ import annotations
