@@ -2,7 +2,7 @@
 # The GPU benchmarks on a bare GPU machine: no Java, no services, no network needed.
 #
 #   benchmarks/gpu.sh OUT_DIR [PART ...]     parts: check grid cores compile graph cowclip
-#                                            (default: all)
+#                                            embeddings (default: all)
 #
 # Needs Python 3.11+ with a CUDA torch, numpy, pyarrow 25, xxhash and rich (psutil and
 # nvidia-ml-py for CPU and GPU utilisation, pytest and hypothesis for `check`). When the
@@ -11,7 +11,7 @@
 set -uo pipefail
 out=${1:?give an output folder}
 shift
-parts=${*:-check grid cores compile graph cowclip}
+parts=${*:-check grid cores compile graph cowclip embeddings}
 # PARQUET=0 leaves the DataLoader baseline out of grid and cores (it was measured before).
 baseline=$([ "${PARQUET:-1}" = 1 ] && echo ,parquet)
 bf16=${BF16:-both}
@@ -63,6 +63,13 @@ for part in $parts; do
     cowclip)
       timeout "${PART_LIMIT:-0}" $py benchmarks/cowclip.py --device cuda \
         --result-file "$out/cowclip.json" ;;
-    *) echo "unknown part $part: use check grid cores compile graph cowclip"; exit 2 ;;
+    embeddings)
+      # Dynamic tables on the GPU: their tests (the CUDA ones run here), then hashed against
+      # dynamic at equal memory on the churning world (trainers/dynamic.py, docs/trainers.md).
+      $py -m pytest -q -p no:cacheprovider --noconftest -o filterwarnings=error \
+        tests/trainers/test_dynamic_embeddings.py 2>&1 | tail -8
+      timeout "${PART_LIMIT:-0}" $py benchmarks/embeddings.py --device cuda \
+        --result-file "$out/embeddings.json" ;;
+    *) echo "unknown part $part: use check grid cores compile graph cowclip embeddings"; exit 2 ;;
   esac
 done

@@ -42,6 +42,7 @@ __all__ = [
     "MODEL_NAMES",
     "DelayedFeedback",
     "EarlyStopOn",
+    "EmbeddingConfig",
     "ModelConfig",
     "ModelName",
     "OptimConfig",
@@ -60,7 +61,7 @@ EarlyStopOn = Literal["auc", "logloss"]
 ShuffleOn = Literal["auto", "host", "device"]
 DelayedFeedback = Literal["auto", "fnw", "off"]
 """How the trainer corrects labels that arrive late (see ``TrainConfig.delayed_feedback``)."""
-ROW_BLOCKS = ("label", "weight", "dense", "sparse")
+ROW_BLOCKS = ("label", "weight", "dense", "sparse", "ids")
 """Training-row columns a model or its loss reads (with ``seq_*``): never a metrics-only column."""
 
 
@@ -77,6 +78,80 @@ def _check_sizes(name: str, sizes: Sequence[int]) -> None:
 def _positive(name: str, value: float) -> None:
     if not (math.isfinite(value) and value > 0):
         raise ConfigError(f"OptimConfig.{name} is {value}; give a finite number > 0")
+
+
+EmbeddingKind = Literal["hashed", "dynamic"]
+Eviction = Literal["lru", "lfu"]
+TtlUnit = Literal["steps", "seconds"]
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """The table of one ``Id`` feature (raw 64-bit ids): ``hashed`` into ``rows`` rows, or
+    ``dynamic``, a row per admitted id (``trainers.dynamic``). Row 0 of either is shared: null
+    ids and, dynamic, the ids not admitted (yet) or not given a row."""
+
+    feature: str
+    """The ``Id`` feature's name in the layout (e.g. ``item_id``)."""
+    kind: EmbeddingKind = "dynamic"
+    """``dynamic`` (collisionless, admitted, expiring) or ``hashed`` (a fixed table)."""
+    rows: int = 1 << 16
+    """Rows of the table, row 0 included: its memory is ``rows x embedding_dim`` either way."""
+    min_count: int = 1
+    """Dynamic: an id gets a row once seen this many times (counted in a sketch of
+    ``candidates`` cells, so a collision can admit an id early, never late)."""
+    ttl: int | None = None
+    """Dynamic: an id not seen for this long (``ttl_unit``) loses its row; None: never expires
+    (rows are then freed only by eviction when the table is full)."""
+    ttl_unit: TtlUnit = "steps"
+    """Dynamic: ``steps`` (training steps) or ``seconds`` of event time (the batch's
+    ``time_column``, microseconds)."""
+    time_column: str = "ts"
+    """Dynamic, ``ttl_unit='seconds'``: the batch column of event times (int64 microseconds)."""
+    eviction: Eviction = "lru"
+    """Dynamic, a full table: whom a newly admitted id replaces, ``lru`` (least recently seen,
+    then least often) or ``lfu`` (least often seen, then least recently)."""
+    candidates: int | None = None
+    """Dynamic: cells of the admission sketch per hash (default ``2 x rows``); ignored when
+    ``min_count`` is 1."""
+
+    def __post_init__(self) -> None:
+        where = f"EmbeddingConfig({self.feature!r})"
+        if self.kind not in get_args(EmbeddingKind):
+            raise ConfigError(f"{where}: kind={self.kind!r}; choose 'hashed' or 'dynamic'")
+        if isinstance(self.rows, bool) or not 2 <= self.rows <= 2**31 - 1:
+            raise ConfigError(f"{where}: rows={self.rows}; give 2..2^31-1 (row 0 is shared)")
+        if isinstance(self.min_count, bool) or self.min_count < 1:
+            raise ConfigError(f"{where}: min_count={self.min_count}; give 1 or more")
+        if self.ttl is not None and (isinstance(self.ttl, bool) or self.ttl < 1):
+            raise ConfigError(f"{where}: ttl={self.ttl}; give 1 or more, or None (no expiry)")
+        if self.ttl_unit not in get_args(TtlUnit):
+            raise ConfigError(f"{where}: ttl_unit={self.ttl_unit!r}; choose 'steps' or 'seconds'")
+        if self.eviction not in get_args(Eviction):
+            raise ConfigError(f"{where}: eviction={self.eviction!r}; choose 'lru' or 'lfu'")
+        if self.candidates is not None and self.candidates < 1:
+            raise ConfigError(f"{where}: candidates={self.candidates}; give 1 or more, or None")
+        if self.kind == "hashed":
+            changed = [
+                name
+                for name, default in (
+                    ("min_count", 1),
+                    ("ttl", None),
+                    ("ttl_unit", "steps"),
+                    ("eviction", "lru"),
+                    ("candidates", None),
+                )
+                if getattr(self, name) != default
+            ]
+            if changed:
+                raise ConfigError(
+                    f"{where}: {', '.join(changed)} apply to kind='dynamic' only; remove them "
+                    "or set kind='dynamic'"
+                )
+
+    @property
+    def sketch_width(self) -> int:
+        return self.candidates or 2 * self.rows
 
 
 @dataclass(frozen=True)
@@ -104,6 +179,10 @@ class ModelConfig:
     smoothing: float = 20.0
     """``popularity`` only: impressions of the overall click rate added to every value's own,
     so a value seen a few times predicts close to the average (additive smoothing)."""
+    embeddings: tuple[EmbeddingConfig, ...] = ()
+    """The tables of the layout's ``Id`` features (raw ids), one entry each; an ``Id`` feature
+    without one is hashed into ``max_embedding_rows`` rows. Set in a ``--config`` file:
+    ``"embeddings": [{"feature": "item_id", "kind": "dynamic", "rows": 65536}]``."""
 
     def __post_init__(self) -> None:
         if self.name not in MODEL_NAMES:
@@ -135,6 +214,22 @@ class ModelConfig:
             )
         if not (math.isfinite(self.smoothing) and self.smoothing > 0):
             raise ConfigError(f"ModelConfig.smoothing is {self.smoothing}; give a number > 0")
+        # Dicts from JSON (and a saved model's asdict) become the typed entries.
+        embeddings = tuple(
+            e if isinstance(e, EmbeddingConfig) else EmbeddingConfig(**e) for e in self.embeddings
+        )
+        object.__setattr__(self, "embeddings", embeddings)
+        features = [e.feature for e in embeddings]
+        twice = sorted({f for f in features if features.count(f) > 1})
+        if twice:
+            raise ConfigError(
+                f"ModelConfig.embeddings: feature(s) {', '.join(twice)} have two entries; keep one"
+            )
+        if embeddings and self.name == "popularity":
+            raise ConfigError(
+                "ModelConfig.embeddings: the popularity baseline has no Id tables; use another "
+                "model, or remove the embeddings"
+            )
 
 
 SEVERAL_PASSES_EMBEDDING_L2 = 1e-4
@@ -445,6 +540,9 @@ class TrainConfig:
         # The effective settings, defaults applied: a default that another setting changes
         # (the embedding L2 of several epochs) changes the run, so it changes the identity.
         data = config_to_dict(replace(self, optim=self.effective_optim))
+        # Only when set: checkpoints recorded before dynamic tables existed still belong.
+        if not data["model"].get("embeddings"):
+            data["model"].pop("embeddings", None)
         return {k: v for k, v in sorted(data.items()) if k not in _NOT_IDENTITY}
 
     def resolved(self, stack: StackConfig) -> TrainConfig:
@@ -518,6 +616,17 @@ def _dataclass_in(hint: Any) -> type | None:
     return None
 
 
+def _items_dataclass(hint: Any) -> type | None:
+    """The dataclass of a ``tuple[Dataclass, ...]`` field's entries, if it is one."""
+    if typing.get_origin(hint) is Annotated:
+        hint = get_args(hint)[0]
+    if typing.get_origin(hint) is tuple:
+        args = get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return _dataclass_in(args[0])
+    return None
+
+
 def _check_keys(kind: type, data: Mapping[str, Any], where: str) -> None:
     """Unknown keys are an error naming the closest known one, never silently ignored."""
     hints = typing.get_type_hints(kind, include_extras=True)
@@ -530,6 +639,11 @@ def _check_keys(kind: type, data: Mapping[str, Any], where: str) -> None:
         nested = _dataclass_in(hints[key])
         if nested is not None and isinstance(value, Mapping):
             _check_keys(nested, value, f"{where}.{key}")
+        items = _items_dataclass(hints[key])  # a tuple of entries (ModelConfig.embeddings)
+        if items is not None and isinstance(value, list):
+            for k, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    _check_keys(items, item, f"{where}.{key}.{k}")
 
 
 def config_from_dict(data: Mapping[str, Any], where: str = "TrainConfig") -> TrainConfig:

@@ -4,7 +4,8 @@
 on any partitioning.
 ``training_rows`` turns enriched, labelled rows into the training-row layout: ``label``,
 ``weight``, ``dense`` (array<float>), ``sparse`` (array<int>), one ``seq_<name>`` per sequence
-feature, then the passthrough columns. Vocabulary lookups are broadcast hash joins with tables
+feature, ``ids`` (array<bigint>, raw ids of ``Id`` features) when there are any, then the
+passthrough columns. Vocabulary lookups are broadcast hash joins with tables
 held on the driver (a map literal would be a linear scan per row); quantile buckets are a
 balanced tree of comparisons.
 """
@@ -21,12 +22,14 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from flow.pipeline.features import (
+    NULL_ID,
     Bucketized,
     Cross,
     Feature,
     FeatureSpec,
     Hashed,
     HashedSequence,
+    Id,
     Numeric,
     Vocabulary,
     feature_name,
@@ -175,6 +178,13 @@ def training_columns(spec: FeatureSpec, state: FeatureState) -> list[Column]:
         for f in spec.of_kind("sequence")
         if isinstance(f, HashedSequence)
     ]
+    ids = [
+        F.coalesce(F.col(f.column).cast("bigint"), F.lit(NULL_ID).cast("bigint"))
+        for f in spec.features
+        if isinstance(f, Id)
+    ]
+    if ids:  # raw ids, unchanged: the trainer's tables map them (trainers.dynamic)
+        columns.append(F.array(*ids).cast("array<bigint>").alias("ids"))
     columns += [F.col(c) for c in spec.passthrough if c != spec.label]
     return columns
 

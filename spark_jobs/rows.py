@@ -66,6 +66,7 @@ def export_options(
     rows = layout(spec, state)
     sizes = {"dense": len(rows.dense), "sparse": len(rows.sparse)}
     sizes |= {f"seq_{name}": length for name, _, length in rows.sequences}
+    sizes["ids"] = len(rows.ids)
     return ExportOptions(
         num_buckets=output.num_buckets,
         compression=output.compression,

@@ -2,8 +2,10 @@
 
 The pyfunc takes one row per prediction with a column per feature, named as in the feature
 layout: dense features as floats, categorical features as their indices (int64), sequence
-features (``seq_<name>``) as lists of indices. It returns the click probability. Serving code
-therefore applies the same feature state as the pipeline did (the layout names it).
+features (``seq_<name>``) as lists of indices, ``Id`` features as their raw int64 ids (the model
+carries its dynamic tables' mappings, in eval mode: it looks ids up, never admits). It returns
+the click probability. Serving code therefore applies the same feature state as the pipeline did
+(the layout names it).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def example_frame(layout: Layout, rows: int = 2) -> pd.DataFrame:
     """A frame of the pyfunc's input: zeros for numbers, index 1 for categories."""
     data: dict[str, Any] = {name: np.zeros(rows, dtype=np.float32) for name in layout.dense}
     data |= {name: np.ones(rows, dtype=np.int64) for name, _ in layout.sparse}
+    data |= {name: np.ones(rows, dtype=np.int64) for name in layout.ids}
     for name, _, length in layout.sequences:
         data[f"seq_{name}"] = [np.ones(length, dtype=np.int64) for _ in range(rows)]
     return pd.DataFrame(data)
@@ -42,7 +45,7 @@ def example_frame(layout: Layout, rows: int = 2) -> pd.DataFrame:
 
 def batch_from_frame(frame: pd.DataFrame, layout: Layout) -> dict[str, torch.Tensor]:
     """The model's batch from the pyfunc's input; a missing column is named."""
-    wanted = [*layout.dense, *(n for n, _ in layout.sparse)]
+    wanted = [*layout.dense, *(n for n, _ in layout.sparse), *layout.ids]
     wanted += [f"seq_{n}" for n, _, _ in layout.sequences]
     missing = [c for c in wanted if c not in frame.columns]
     if missing:
@@ -54,6 +57,9 @@ def batch_from_frame(frame: pd.DataFrame, layout: Layout) -> dict[str, torch.Ten
     if layout.sparse:
         sparse = frame[[n for n, _ in layout.sparse]].to_numpy(dtype=np.int64)
         batch["sparse"] = torch.from_numpy(np.ascontiguousarray(sparse))
+    if layout.ids:
+        ids = frame[list(layout.ids)].to_numpy(dtype=np.int64)
+        batch["ids"] = torch.from_numpy(np.ascontiguousarray(ids))
     for name, _, length in layout.sequences:
         values = np.stack([np.asarray(v, dtype=np.int64)[:length] for v in frame[f"seq_{name}"]])
         batch[f"seq_{name}"] = torch.from_numpy(values)

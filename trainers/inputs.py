@@ -149,5 +149,7 @@ def columns_of(layout: Layout) -> list[str]:
         columns.append("dense")
     if layout.sparse:
         columns.append("sparse")
+    if layout.ids:
+        columns.append("ids")
     columns += [f"seq_{name}" for name, _, _ in layout.sequences]
     return columns

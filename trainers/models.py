@@ -8,6 +8,7 @@ its tables have exactly the sizes the indices need. Every model reads the same b
     dense   float32 [B, n_dense]        (absent when the layout has no dense features)
     sparse  int64 or int32 [B, n_sparse]   column j in [0, cardinality_j); 0 = null/OOV
     seq_<name>  int64 [B, length]       in [0, cardinality); 0 = padding
+    ids     int64 [B, n_ids]            raw 64-bit ids of ``Id`` features (``trainers.dynamic``)
 
 and returns float32 logits ``[B]``. Models are device-agnostic (they follow their parameters),
 run under ``torch.autocast`` and trace under ``torch.compile`` without graph breaks: the forward
@@ -28,6 +29,7 @@ from torch import Tensor, nn
 from flow.errors import ConfigError, SchemaMismatchError
 from flow.pipeline.state import Layout
 from flow.training import MODEL_NAMES, ModelConfig
+from trainers.dynamic import IdTables, initial_rows, reset_optimizer_rows
 
 __all__ = [
     "DLRM",
@@ -45,7 +47,7 @@ _INIT_STD = 0.01
 
 
 def _check_layout(layout: Layout) -> None:
-    if not (layout.dense or layout.sparse or layout.sequences):
+    if not (layout.dense or layout.sparse or layout.sequences or layout.ids):
         raise ConfigError("the layout has no features; a model needs at least one")
     for name, cardinality in layout.sparse:
         if cardinality < 1:
@@ -72,15 +74,29 @@ class FieldEmbeddings(nn.Module):
     ``n`` non-padding positions: the mean of their vectors, zeros when all are padding (index 0).
     The ``[B, length, dim]`` gather is never materialised.
 
-    The output is ``[B, n_sparse + n_sequences, dim]``.
+    An ``Id`` feature (``id_rows``: its table's rows, after the sparse features) is a bag of
+    one row too, whose local row the model found for its raw id (``_id_rows`` in the batch, see
+    :meth:`CTRModel.with_id_rows`).
+
+    The output is ``[B, n_sparse + n_ids + n_sequences, dim]``.
     """
 
-    def __init__(self, layout: Layout, dim: int, max_rows: int, init_std: float = _INIT_STD):
+    def __init__(
+        self,
+        layout: Layout,
+        dim: int,
+        max_rows: int,
+        init_std: float = _INIT_STD,
+        id_rows: Sequence[int] = (),
+    ):
         super().__init__()
-        cardinalities = [c for _, c in layout.sparse] + [c for _, c, _ in layout.sequences]
-        rows = [min(c, max_rows) for c in cardinalities]
+        sparse = [min(c, max_rows) for _, c in layout.sparse]
+        rows = [*sparse, *id_rows] + [min(c, max_rows) for _, c, _ in layout.sequences]
         offsets = [sum(rows[:k]) for k in range(len(rows))]
         self.dim = dim
+        self.init_std = init_std
+        self.n_ids = len(id_rows)
+        self.id_rows: tuple[int, ...] = tuple(id_rows)
         self.n_sparse = len(layout.sparse)
         self.rows: tuple[int, ...] = tuple(rows)
         self.offsets: tuple[int, ...] = tuple(offsets)
@@ -99,14 +115,22 @@ class FieldEmbeddings(nn.Module):
         self._bag_starts: Tensor
         self.register_buffer("_sparse_rows", torch.tensor(rows[:n], dtype=torch.long), False)
         self.register_buffer("_sparse_offsets", torch.tensor(offsets[:n], dtype=torch.long), False)
-        lengths = [1] * n + [length for _, length in self.sequences]
+        self._id_offsets: Tensor
+        id_offsets = offsets[n : n + self.n_ids]
+        self.register_buffer("_id_offsets", torch.tensor(id_offsets, dtype=torch.long), False)
+        lengths = [1] * (n + self.n_ids) + [length for _, length in self.sequences]
         starts = [sum(lengths[:k]) for k in range(len(lengths))]
         self.width = sum(lengths)
         self.register_buffer("_bag_starts", torch.tensor(starts, dtype=torch.long), False)
 
     @property
     def n_fields(self) -> int:
-        return self.n_sparse + len(self.sequences)
+        return self.n_sparse + self.n_ids + len(self.sequences)
+
+    def id_block(self, k: int) -> Tensor:
+        """The rows of ``weight`` owned by ``Id`` feature ``k`` (a view)."""
+        start = self.offsets[self.n_sparse + k]
+        return self.weight.data[start : start + self.rows[self.n_sparse + k]]
 
     def _indices(self, batch: Mapping[str, Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         """Table rows of every lookup and the masks of the sequences (True = not padding)."""
@@ -116,7 +140,9 @@ class FieldEmbeddings(nn.Module):
         if self.n_sparse:
             sparse = batch["sparse"].to(device=device, dtype=torch.long)
             parts.append(sparse % self._sparse_rows + self._sparse_offsets)
-        for k, (column, _) in enumerate(self.sequences, start=self.n_sparse):
+        if self.n_ids:
+            parts.append(batch["_id_rows"].to(device=device, dtype=torch.long) + self._id_offsets)
+        for k, (column, _) in enumerate(self.sequences, start=self.n_sparse + self.n_ids):
             ids = batch[column].to(device=device, dtype=torch.long)
             masks.append(ids != 0)
             parts.append(ids % self.rows[k] + self.offsets[k])
@@ -127,7 +153,8 @@ class FieldEmbeddings(nn.Module):
         rows = torch.cat(parts, dim=1)
         size = rows.shape[0]
         dtype = self.weight.dtype
-        weights = [torch.ones(size, self.n_sparse, device=rows.device, dtype=dtype)]
+        singles = self.n_sparse + self.n_ids
+        weights = [torch.ones(size, singles, device=rows.device, dtype=dtype)]
         for mask in masks:
             present = mask.to(dtype)
             weights.append(present / present.sum(dim=1, keepdim=True).clamp(min=1.0))
@@ -150,9 +177,10 @@ class FieldEmbeddings(nn.Module):
         ``cnt`` of CowClip.
         """
         parts, masks = self._indices(batch)
-        # parts: the sparse block (one tensor for all sparse features) if any, then sequences
-        sequences = parts[1:] if self.n_sparse else parts
-        flat = [parts[0].flatten()] if self.n_sparse else []
+        # parts: the sparse block and the id block (one tensor each) if any, then sequences
+        singles = int(self.n_sparse > 0) + int(self.n_ids > 0)
+        sequences = parts[singles:]
+        flat = [part.flatten() for part in parts[:singles]]
         flat += [ids[mask] for ids, mask in zip(sequences, masks, strict=True)]
         return (
             torch.cat(flat) if flat else torch.empty(0, dtype=torch.long, device=self.weight.device)
@@ -195,16 +223,49 @@ class CTRModel(nn.Module):
         self.config = config
         self.layout = layout
         self.n_dense = len(layout.dense)
+        # The Id features' tables (raw ids): their rows and the mappings of the dynamic ones.
+        self.id_tables = IdTables(config, layout) if layout.ids and tables is None else None
+        rows = self.id_tables.rows if self.id_tables is not None else ()
         self.embeddings = FieldEmbeddings(
             tables or layout,
             width or config.embedding_dim,
             config.max_embedding_rows,
             init_std=init_std,
+            id_rows=rows,
         )
 
     def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
         self.check_batch(batch)
-        return self.logits(batch).float()
+        # Train mode counts, admits and evicts ids; eval mode (scoring, export) only looks up.
+        return self.logits(self.with_id_rows(batch, update=self.training)).float()
+
+    def with_id_rows(self, batch: Mapping[str, Tensor], *, update: bool) -> Mapping[str, Tensor]:
+        """``batch`` with ``_id_rows``, the local table row of each raw id (``ids``); with
+        ``update``, the dynamic tables first learn the batch's ids (every rank's, under DDP)
+        and the rows they give to new ids are re-initialised in every table of the model."""
+        if self.id_tables is None:
+            return batch
+        rows = self.id_tables(batch, update=update)
+        if update:
+            with torch.no_grad():
+                for k, placement in self.id_tables.placed():
+                    for table in self.embedding_tables():
+                        block = table.id_block(k)
+                        values = initial_rows(placement.ids, table.dim, table.init_std, salt=k)
+                        placement.write(block, values.to(block.dtype))
+        return {**batch, "_id_rows": rows}
+
+    def reset_new_rows(self, optimizer: torch.optim.Optimizer) -> None:
+        """Zero the optimizer state of the rows the last training forward gave to new ids
+        (call it between that forward and ``optimizer.step()``): a reused row must not carry
+        its previous id's Adagrad sums or Adam moments."""
+        if self.id_tables is None:
+            return
+        for k, placement in self.id_tables.placed():
+            for table in self.embedding_tables():
+                offset = table.offsets[table.n_sparse + k]
+                reset_optimizer_rows(optimizer, table.weight, offset, placement)
+        self.id_tables.forget_placed()
 
     def logits(self, batch: Mapping[str, Tensor]) -> Tensor:
         """The model proper, on a batch already checked."""
@@ -220,6 +281,8 @@ class CTRModel(nn.Module):
             columns.append(("dense", len(self.layout.dense), False))
         if self.layout.sparse:
             columns.append(("sparse", len(self.layout.sparse), True))
+        if self.layout.ids:
+            columns.append(("ids", len(self.layout.ids), True))
         columns += [(f"seq_{name}", length, True) for name, _, length in self.layout.sequences]
         return columns
 
@@ -292,16 +355,21 @@ class CTRModel(nn.Module):
 
     def embedding_rows(self, batch: Mapping[str, Tensor]) -> list[tuple[nn.Parameter, Tensor]]:
         """Each table with the rows the batch reads (see :meth:`FieldEmbeddings.looked_up`)."""
+        batch = self.with_id_rows(batch, update=False)
         return [(t.weight, t.looked_up(batch)) for t in self.embedding_tables()]
 
 
 class _Linear(nn.Module):
     """The first-order term: a scalar per id (1-wide tables, mean over a sequence) + dense."""
 
-    def __init__(self, layout: Layout, max_rows: int) -> None:
+    def __init__(self, layout: Layout, max_rows: int, id_rows: Sequence[int] = ()) -> None:
         super().__init__()
-        self.n_fields = len(layout.sparse) + len(layout.sequences)
-        self.ids = FieldEmbeddings(layout, 1, max_rows, init_std=0.0) if self.n_fields else None
+        self.n_fields = len(layout.sparse) + len(id_rows) + len(layout.sequences)
+        self.ids = (
+            FieldEmbeddings(layout, 1, max_rows, init_std=0.0, id_rows=id_rows)
+            if self.n_fields
+            else None
+        )
         self.dense = nn.Linear(len(layout.dense), 1) if layout.dense else None
         self.bias = None if layout.dense else nn.Parameter(torch.zeros(1))
 
@@ -332,7 +400,7 @@ class DeepFM(CTRModel):
     def __init__(self, config: ModelConfig, layout: Layout) -> None:
         super().__init__(config, layout)
         dim = config.embedding_dim
-        self.linear = _Linear(layout, config.max_embedding_rows)
+        self.linear = _Linear(layout, config.max_embedding_rows, self.embeddings.id_rows)
         self.dense_vectors = (
             nn.Parameter(torch.randn(self.n_dense, dim) * _INIT_STD) if self.n_dense else None
         )
@@ -367,7 +435,7 @@ class WideDeep(CTRModel):
 
     def __init__(self, config: ModelConfig, layout: Layout) -> None:
         super().__init__(config, layout)
-        self.wide = _Linear(layout, config.max_embedding_rows)
+        self.wide = _Linear(layout, config.max_embedding_rows, self.embeddings.id_rows)
         width = self.embeddings.n_fields * config.embedding_dim + self.n_dense
         self.deep = _mlp(width, [*config.hidden, 1], config.dropout, last_relu=False)
 

@@ -165,7 +165,12 @@ class Session:
         self.seen_frozen_channel = False
         if self.world.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.net = DistributedDataParallel(self.model, device_ids=ids)
+            # Dynamic tables agree on every rank by construction (each learns every rank's
+            # ids): broadcasting their mappings and sketches each step would only cost time.
+            dynamic = any(e.kind == "dynamic" for e in config.model.embeddings)
+            self.net = DistributedDataParallel(
+                self.model, device_ids=ids, broadcast_buffers=not dynamic
+            )
         if config.compile:
             self.net = torch.compile(self.net)  # type: ignore[assignment]
         bf16 = config.bf16 if config.bf16 is not None else self.device.type == "cuda"
@@ -183,6 +188,15 @@ class Session:
         if config.init_from_champion or config.promote_margin is not None:
             self.champion = self._champion(warm_start=config.init_from_champion)
         self.columns = columns_of(self.layout)
+        # Dynamic tables that expire by event time read the step's times.
+        self.columns += sorted(
+            {
+                e.time_column
+                for e in config.model.embeddings
+                if e.kind == "dynamic" and e.ttl_unit == "seconds"
+            }
+            - set(self.columns)
+        )
         self.labels: dict[str, Labels] = {}
         """Per channel seen: how its rows were labelled and the loss used on them."""
         self.step = 0
@@ -489,6 +503,8 @@ class Session:
         loss.backward()  # type: ignore[no-untyped-call]
         if self.clip is not None:
             self.clip.apply(self.model, tensors)
+        # Rows a dynamic table gave to new ids in this forward start without optimizer state.
+        self.model.reset_new_rows(self.optimizer)
         self.optimizer.step()
         return loss.detach(), logits.detach()
 

@@ -18,6 +18,7 @@ from flow.pipeline.features import (
     FeatureSpec,
     Hashed,
     HashedSequence,
+    Id,
     Numeric,
     Vocabulary,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "Hashed",
     "HashedSequence",
     "IcebergSource",
+    "Id",
     "KafkaSource",
     "LabelJoin",
     "Layout",

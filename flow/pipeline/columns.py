@@ -15,6 +15,7 @@ from flow.pipeline.features import (
     Bucketized,
     FeatureSpec,
     HashedSequence,
+    Id,
     Numeric,
     feature_inputs,
     feature_name,
@@ -141,6 +142,11 @@ def _check_features(spec: FeatureSpec, available: dict[str, Field], where: str) 
         user = f"feature {feature_name(feature)!r}"
         for column in feature_inputs(feature):
             found = need(column, user)
+            if isinstance(feature, Id) and found.type not in ("int", "long"):
+                raise ConfigError(
+                    f"{where}: {user} is an Id, which needs an integer column; {column!r} is "
+                    f"{found.type} (hash a string id with Hashed instead)"
+                )
             if isinstance(feature, Numeric | Bucketized) and not found.numeric:
                 raise ConfigError(f"{where}: {user} needs a number; {column!r} is {found.type}")
             if isinstance(feature, HashedSequence) and not found.is_array:

@@ -1,7 +1,9 @@
 """The feature spec: what each training row holds, declared once for batch, stream and trainer.
 
 Every categorical feature maps to an index in ``[0, cardinality)`` with 0 reserved for null,
-out-of-vocabulary and padding, so the trainer can size embedding tables from the spec alone.
+out-of-vocabulary and padding, so the trainer can size embedding tables from the spec alone. An
+:class:`Id` is the exception: its raw 64-bit ids travel unchanged (the ``ids`` block) to a table
+the trainer grows and prunes as ids come and go (``trainers.dynamic``).
 Numeric features become one float each in the dense block. Stateful transforms (vocabularies,
 means and deviations, quantile boundaries) are fitted on a batch stage and saved as a versioned
 :class:`~flow.pipeline.state.FeatureState`; the streaming stage and the trainer reuse it unchanged.
@@ -25,16 +27,20 @@ __all__ = [
     "FeatureSpec",
     "Hashed",
     "HashedSequence",
+    "Id",
     "Numeric",
     "Vocabulary",
     "spec_from_dict",
     "spec_to_dict",
 ]
 
-Kind = Literal["dense", "sparse", "sequence"]
+Kind = Literal["dense", "sparse", "sequence", "id"]
 LabelKind = Literal["binary", "probability"]
 """What a FeatureSpec's labels may be (see ``FeatureSpec.labels``)."""
 MAX_VOCABULARY = 100_000
+NULL_ID = -(2**63)
+"""What an :class:`Id` feature's null becomes in the ``ids`` block (the trainer maps it to row 0).
+The other end of int64, ``2**63 - 1``, is reserved too: a dynamic table marks free rows with it."""
 
 
 def _buckets(buckets: int, owner: str) -> None:
@@ -54,6 +60,20 @@ class Hashed(Definition):
         _buckets(self.buckets, f"Hashed({self.column!r})")
 
     kind: ClassVar[Kind] = "sparse"
+    fitted: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class Id(Definition):
+    """A raw 64-bit id (an integer column) passed through unchanged, for a table the trainer
+    sizes: ``dynamic`` (a row per admitted id, no collisions) or ``hashed`` there (see
+    ``flow.training.EmbeddingConfig``). Null becomes :data:`NULL_ID`; the trainer maps it, and
+    ``2**63 - 1``, to its shared row 0."""
+
+    column: str
+    name: str | None = None
+
+    kind: ClassVar[Kind] = "id"
     fitted: ClassVar[bool] = False
 
 
@@ -166,7 +186,7 @@ class HashedSequence(Definition):
     fitted: ClassVar[bool] = False
 
 
-Feature = Hashed | Vocabulary | Numeric | Bucketized | Cross | HashedSequence
+Feature = Hashed | Vocabulary | Numeric | Bucketized | Cross | HashedSequence | Id
 
 # HashedSequence was called Sequence (which shadowed collections.abc.Sequence); fingerprints keep
 # the old name so that feature states fitted before the rename still belong to their spec.
@@ -221,7 +241,7 @@ class FeatureSpec(Definition):
         if isinstance(self.weight, float | int) and self.weight <= 0:
             raise ConfigError(f"FeatureSpec {self.name!r}: weight={self.weight} must be positive")
         self._check_label_and_weight()
-        reserved = {"label", "weight", "dense", "sparse"} | {f"seq_{n}" for n in names}
+        reserved = {"label", "weight", "dense", "sparse", "ids"} | {f"seq_{n}" for n in names}
         clash = sorted(set(self.passthrough) & reserved - {self.label})
         if clash:
             raise ConfigError(

@@ -21,6 +21,7 @@ from flow.pipeline.features import (
     FeatureSpec,
     Hashed,
     HashedSequence,
+    Id,
     Numeric,
     Vocabulary,
     feature_name,
@@ -166,13 +167,19 @@ class Layout:
     """(name, cardinality) of the indices in the ``sparse`` column, in order."""
     sequences: tuple[tuple[str, int, int], ...]
     """(name, cardinality, length) of each ``seq_<name>`` column."""
+    ids: tuple[str, ...] = ()
+    """Names of the raw 64-bit ids in the ``ids`` column (``Id`` features), in order."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "dense": list(self.dense),
             "sparse": [list(s) for s in self.sparse],
             "sequences": [list(s) for s in self.sequences],
         }
+        # Only when present: layouts recorded before Id features existed compare equal.
+        if self.ids:
+            data["ids"] = list(self.ids)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Layout:
@@ -180,6 +187,7 @@ class Layout:
             dense=tuple(data["dense"]),
             sparse=tuple((str(n), int(c)) for n, c in data["sparse"]),
             sequences=tuple((str(n), int(c), int(k)) for n, c, k in data["sequences"]),
+            ids=tuple(str(n) for n in data.get("ids", ())),
         )
 
 
@@ -211,4 +219,5 @@ def layout(spec: FeatureSpec, state: FeatureState | None) -> Layout:
         for f in spec.features
         if isinstance(f, HashedSequence)
     )
-    return Layout(dense, sparse, sequences)
+    ids = tuple(feature_name(f) for f in spec.features if isinstance(f, Id))
+    return Layout(dense, sparse, sequences, ids)

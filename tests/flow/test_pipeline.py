@@ -22,6 +22,7 @@ from flow.pipeline import (
     Hashed,
     HashedSequence,
     IcebergSource,
+    Id,
     KafkaSource,
     LabelJoin,
     LiveStage,
@@ -85,6 +86,11 @@ def test_a_valid_pipeline_knows_the_columns_each_stage_sees() -> None:
     }
 
 
+def test_an_id_feature_passes_an_integer_column_through() -> None:
+    built = _live(features=spec(Id("user_id"), Numeric("price")))()
+    assert built.stages[0].features.of_kind("id") == [Id("user_id")]
+
+
 def test_the_example_pipelines_are_valid_and_share_one_feature_spec() -> None:
     backfill, streaming = ctr_backfill(), ctr_streaming()
     assert backfill.stages[0].features == streaming.stages[0].features
@@ -129,6 +135,11 @@ def _live(**changes: Any) -> Callable[[], Pipeline]:
             _live(features=spec(HashedSequence("price", 4, 10))),
             r"needs an array; 'price' is double",
         ),
+        (
+            _live(features=spec(Id("id"))),
+            r"feature 'id' is an Id, which needs an integer column; 'id' is string",
+        ),
+        (_live(features=spec(Id("tags"))), r"is an Id, which needs an integer column"),
         (_live(features=spec(weight="country")), r"the weight reads column 'country'"),
         (_live(features=spec(passthrough=("nope",))), r"passthrough reads column 'nope'"),
         (_live(label=None), r"the label reads column 'label', which does not exist here"),

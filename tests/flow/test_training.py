@@ -14,6 +14,7 @@ from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.storage import namespace_locations
 from flow.training import (
+    EmbeddingConfig,
     ModelConfig,
     OptimConfig,
     TrainConfig,
@@ -207,3 +208,28 @@ def test_a_namespace_goes_into_the_path_of_a_uri_with_options(tmp_path: Path) ->
     assert trainer.location == f"s3://lake/handoff/ctr?{query}"
     with pytest.raises(ConfigError, match="plain name"):
         namespace_locations(stack, "a/b")
+
+
+def test_dynamic_tables_come_from_a_config_file_and_a_typo_in_one_is_named(
+    tmp_path: Path,
+) -> None:
+    entry = {"feature": "item_id", "kind": "dynamic", "rows": 64, "min_count": 2}
+    given = {"handoff": "/h", "channels": ["t"], "model": {"name": "deepfm", "embeddings": [entry]}}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(given))
+    loaded = load_config(path)
+    assert loaded.model.embeddings == (EmbeddingConfig("item_id", rows=64, min_count=2),)
+    assert load_config(save_config(loaded, tmp_path / "again.json")) == loaded
+    path.write_text(json.dumps({**given, "model": {"embeddings": [{**entry, "min_cont": 3}]}}))
+    with pytest.raises(ConfigError, match=r"embeddings.0: unknown setting 'min_cont'; did you"):
+        load_config(path)
+
+
+def test_a_run_without_dynamic_tables_keeps_its_identity() -> None:
+    # Checkpoints recorded before ModelConfig.embeddings existed still belong to their runs.
+    plain = TrainConfig(handoff="/h", channels=("t",))
+    assert "embeddings" not in plain.identity()["model"]
+    table = ModelConfig(embeddings=(EmbeddingConfig("item_id"),))
+    assert (
+        "embeddings" in TrainConfig(handoff="/h", channels=("t",), model=table).identity()["model"]
+    )
