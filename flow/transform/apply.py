@@ -192,5 +192,9 @@ class FeatureTransform:
         return out
 
 
-def _fixed(values: np.ndarray) -> pa.FixedSizeListArray:
+def _fixed(values: np.ndarray) -> pa.Array:
+    """A block of features as the channel holds it: fixed-size lists, or, for a block with no
+    features (a spec without dense ones), lists of nothing, as Spark's writer leaves them."""
+    if values.shape[1] == 0:
+        return pa.array([[]] * values.shape[0], pa.list_(pa.from_numpy_dtype(values.dtype)))
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
