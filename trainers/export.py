@@ -1,4 +1,5 @@
-"""The trained model in MLflow: a pyfunc with a signature, registered when asked.
+"""The trained model as a pyfunc: its predictor, its frame of inputs, its saved weights (logged
+and registered in MLflow by ``trainers.serving.log_model``).
 
 The pyfunc takes one row per prediction with a column per feature, named as in the feature
 layout: dense features as floats, categorical features as their indices (int64), sequence
@@ -10,27 +11,19 @@ the click probability. Serving code therefore applies the same feature state as 
 
 from __future__ import annotations
 
-import copy
-import tempfile
-import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-import flow
-import trainers
 from flow.pipeline.state import Layout
 from flow.training import ModelConfig
 from trainers.models import CTRModel, build_model
 
-if TYPE_CHECKING:
-    from trainers.serving import ServingFeatures
-
-__all__ = ["CTRPredictor", "batch_from_frame", "example_frame", "log_model", "save_model"]
+__all__ = ["CTRPredictor", "batch_from_frame", "example_frame", "save_model"]
 
 
 def example_frame(layout: Layout, rows: int = 2) -> pd.DataFrame:
@@ -105,69 +98,3 @@ def save_model(model: CTRModel, layout: Layout, path: Path) -> Path:
         path,
     )
     return path
-
-
-def log_model(
-    model: CTRModel,
-    layout: Layout,
-    run_id: str,
-    *,
-    tracking_uri: str | None,
-    register_as: str | None,
-    features: ServingFeatures | None = None,
-) -> tuple[str, str | None]:
-    """Log ``model`` to ``run_id`` as a pyfunc with a signature; its URI and registry version.
-
-    With ``features`` the pyfunc takes raw event columns (trainers.serving.RawCTRPredictor):
-    its signature and input example are of raw values, and the feature state travels with it.
-    """
-    import mlflow
-    from mlflow.models import infer_signature
-
-    from trainers.serving import RawCTRPredictor, save_features
-
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    example = example_frame(layout) if features is None else features.example
-    predictor = CTRPredictor() if features is None else RawCTRPredictor()
-    # A copy on the CPU: the training model stays where it is, in training mode.
-    predictor.layout, predictor.model = layout, copy.deepcopy(model).cpu().eval()
-    cpu_model = predictor.model
-    if features is not None:
-        from flow.transform import FeatureTransform
-
-        predictor.transform = FeatureTransform(features.spec, features.state)
-        predictor.schema = _raw_schema(features)
-    with warnings.catch_warnings():
-        # MLflow hints that integer columns cannot hold missing values: indices never miss (0
-        # is the null index). Where warnings are errors, that hint would void the signature.
-        warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column")
-        signature = infer_signature(example, predictor.predict(None, example))
-    with tempfile.TemporaryDirectory() as folder:
-        path = save_model(cpu_model, layout, Path(folder) / "model.pt")
-        artifacts = {"model": str(path)}
-        if features is not None:
-            artifacts["features"] = str(save_features(features, Path(folder) / "features.json"))
-        with mlflow.start_run(run_id=run_id):
-            info = mlflow.pyfunc.log_model(
-                name="model",
-                # Loads the model (and the feature state) from the artifacts.
-                python_model=CTRPredictor() if features is None else RawCTRPredictor(),
-                artifacts=artifacts,
-                signature=signature,
-                input_example=example,
-                registered_model_name=register_as,
-                # The model's code travels with it: no install of this project is needed.
-                code_paths=[str(Path(p).parent) for p in (flow.__file__, trainers.__file__)],
-                pip_requirements=["torch", "pandas", "numpy", "pyarrow", "xxhash"],
-            )
-            # Leave the run open: its tracker (or a continuous trainer) ends it.
-            mlflow.end_run(status="RUNNING")
-    version = getattr(info, "registered_model_version", None)
-    return str(info.model_uri), str(version) if version is not None else None
-
-
-def _raw_schema(features: ServingFeatures) -> Any:
-    from trainers.serving import raw_schema
-
-    return raw_schema(features)

@@ -4,13 +4,16 @@
 :class:`RawCTRPredictor` is the pyfunc; :func:`save_features` writes what it needs beside the
 model's weights: the feature spec, its fitted state and the Arrow types of the raw columns (a
 pandas frame turns an integer column with a null into floats, whose text Spark would hash
-otherwise). ``trainers.export.log_model(..., features=...)`` logs it with a signature and an
+otherwise). ``log_model(..., features=...)`` logs it with a signature and an
 input example of raw values.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,13 +23,16 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
+import flow
+import trainers
 from flow.pipeline.features import FeatureSpec, spec_from_dict, spec_to_dict
 from flow.pipeline.schema import Field
-from flow.pipeline.state import FeatureState
+from flow.pipeline.state import FeatureState, Layout
 from flow.transform import FeatureTransform
-from trainers.export import CTRPredictor
+from trainers.export import CTRPredictor, example_frame, save_model
+from trainers.models import CTRModel
 
-__all__ = ["RawCTRPredictor", "ServingFeatures", "raw_schema", "save_features"]
+__all__ = ["RawCTRPredictor", "ServingFeatures", "log_model", "raw_schema", "save_features"]
 
 _ARROW = {
     "string": pa.string(),
@@ -115,3 +121,59 @@ class RawCTRPredictor(CTRPredictor):
             logits = self.model(batch)
         result: np.ndarray = torch.sigmoid(logits.float()).numpy()
         return result
+
+
+def log_model(
+    model: CTRModel,
+    layout: Layout,
+    run_id: str,
+    *,
+    tracking_uri: str | None,
+    register_as: str | None,
+    features: ServingFeatures | None = None,
+) -> tuple[str, str | None]:
+    """Log ``model`` to ``run_id`` as a pyfunc with a signature; its URI and registry version.
+
+    With ``features`` the pyfunc takes raw event columns (trainers.serving.RawCTRPredictor):
+    its signature and input example are of raw values, and the feature state travels with it.
+    """
+    import mlflow
+    from mlflow.models import infer_signature
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    example = example_frame(layout) if features is None else features.example
+    predictor = CTRPredictor() if features is None else RawCTRPredictor()
+    # A copy on the CPU: the training model stays where it is, in training mode.
+    predictor.layout, predictor.model = layout, copy.deepcopy(model).cpu().eval()
+    cpu_model = predictor.model
+    if features is not None:
+        predictor.transform = FeatureTransform(features.spec, features.state)
+        predictor.schema = raw_schema(features)
+    with warnings.catch_warnings():
+        # MLflow hints that integer columns cannot hold missing values: indices never miss (0
+        # is the null index). Where warnings are errors, that hint would void the signature.
+        warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column")
+        signature = infer_signature(example, predictor.predict(None, example))
+    with tempfile.TemporaryDirectory() as folder:
+        path = save_model(cpu_model, layout, Path(folder) / "model.pt")
+        artifacts = {"model": str(path)}
+        if features is not None:
+            artifacts["features"] = str(save_features(features, Path(folder) / "features.json"))
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                # Loads the model (and the feature state) from the artifacts.
+                python_model=CTRPredictor() if features is None else RawCTRPredictor(),
+                artifacts=artifacts,
+                signature=signature,
+                input_example=example,
+                registered_model_name=register_as,
+                # The model's code travels with it: no install of this project is needed.
+                code_paths=[str(Path(p).parent) for p in (flow.__file__, trainers.__file__)],
+                pip_requirements=["torch", "pandas", "numpy", "pyarrow", "xxhash"],
+            )
+            # Leave the run open: its tracker (or a continuous trainer) ends it.
+            mlflow.end_run(status="RUNNING")
+    version = getattr(info, "registered_model_version", None)
+    return str(info.model_uri), str(version) if version is not None else None

@@ -674,7 +674,7 @@ class _Loop:
 def export_model(session: Session, run: Run, *, final: bool) -> tuple[str, str | None]:
     """Log the model to MLflow (pyfunc, with a signature) and register it when asked: its URI
     and registry version."""
-    from trainers.export import log_model
+    from trainers.serving import log_model
 
     return log_model(
         session.model,

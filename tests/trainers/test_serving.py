@@ -95,7 +95,7 @@ def test_the_registered_raw_model_has_a_raw_signature_and_scores_raw_rows(
 ) -> None:
     import mlflow
 
-    from trainers.export import log_model
+    from trainers.serving import log_model
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     mlflow.set_tracking_uri(uri)
