@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from flow.config import StackConfig
@@ -24,11 +25,27 @@ from flow.engine import RunOptions, load_engine
 from flow.pipeline.model import Pipeline
 from flow.pipeline.schema import did_you_mean
 
-__all__ = ["CHECK_FLAG", "RunOptions", "parse_run_args", "run_main"]
+__all__ = ["CHECK_FLAG", "RunOptions", "checking_only", "parse_run_args", "run_main"]
 
 CHECK_FLAG = "--check"
-"""``run_main``: build the pipeline and parse the arguments, then run nothing (``flow run``
-checks a pipeline file so before it starts anything: flow.workflows.precheck)."""
+"""``python FILE --check``: build the pipeline and parse the arguments, then run nothing."""
+
+_checking = False
+"""Set by :func:`checking_only`: ``run_main`` builds and parses, then runs nothing."""
+
+
+@contextmanager
+def checking_only() -> Iterator[None]:
+    """Inside, ``run_main`` checks and returns instead of running: ``flow run`` runs a pipeline
+    file so before it starts anything (flow.workflows.precheck). A switch of this process, not
+    a flag on the command line, so that a file parsing its own arguments first is not told of
+    one it does not know."""
+    global _checking
+    _checking = True
+    try:
+        yield
+    finally:
+        _checking = False
 
 
 def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOptions:
@@ -95,7 +112,7 @@ def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None
     args = sys.argv[1:] if argv is None else argv
     # SIGTERM (a scheduler, `flow run` stopping its job) unwinds like Ctrl-C: the stage's
     # query stops and its MLflow runs end as KILLED, not RUNNING forever.
-    check = CHECK_FLAG in args
+    check = CHECK_FLAG in args or _checking
     args = [a for a in args if a != CHECK_FLAG]
     with reporting_errors(args), terminating_as_interrupt():
         options = RunOptions()

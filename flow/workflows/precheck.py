@@ -5,9 +5,9 @@ expressions that can be checked without Spark): ``python pipeline.py`` shows a m
 Under ``flow run`` the same mistake used to wait for the services, the warm driver or
 spark-submit to start: 16 s on a quiet machine, up to 106 s on a loaded one (issue 48). So
 ``flow run`` runs the file itself first, in its own process's interpreter, with
-``run_main``'s ``--check``: the pipeline is built and its run arguments parsed, then nothing
-runs. Only files that call ``run_main`` are checked this way; anything else is left to
-spark-submit, since its module-level code might start Spark.
+``run_main`` switched to checking (``checking_only``): the pipeline is built and its run
+arguments parsed, then nothing runs. Only files that call ``run_main`` are checked this way;
+anything else is left to spark-submit, since its module-level code might start Spark.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from flow.pipeline.run import CHECK_FLAG
+from flow.pipeline.run import checking_only
 
 __all__ = ["check_pipeline_file", "pipeline_app"]
 
@@ -66,7 +66,7 @@ def check_pipeline_file(argv: Sequence[str]) -> None:
     if found is None:
         return
     app, args = found
-    with _as_script(app, [*args, CHECK_FLAG]):
+    with _as_script(app, args), checking_only():
         try:
             runpy.run_path(str(app), run_name="__main__")
         except SystemExit as done:

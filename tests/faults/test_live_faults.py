@@ -505,13 +505,14 @@ def test_flow_run_stops_its_trainer_when_the_spark_side_fails(
         "import sys\n"
         f"sys.path.insert(0, {str(REPO / 'tests' / 'faults')!r})\n"
         "from dataclasses import replace\n"
-        "from flow.pipeline import FeatureSpec, Hashed, run_main\n"
+        "from flow.pipeline import Derived, run_main\n"
         "from live_pipeline import faults_pipeline\n"
         "p = faults_pipeline('fzbroken')\n"
         "stage = p.stage('live')\n"
-        "bad = (Hashed('no_such_column', buckets=8),)\n"
-        "spec = FeatureSpec('faults', bad, passthrough=('id',))\n"
-        "run_main(replace(p, stages=(replace(stage, features=spec),)))\n"
+        # A derived expression only Spark can resolve: it fails on the Spark side, after the
+        # trainer started (a missing feature column is caught before anything starts).
+        "bad = (Derived('broken', 'no_such_column + 1'),)\n"
+        "run_main(replace(p, stages=(replace(stage, derive=bad),)))\n"
     )
     started = time.monotonic()
     done = run_flow(["run", "--train", "--channel live --max-steps 5", str(app)], stack_env,

@@ -99,9 +99,10 @@ def test_the_registered_raw_model_has_a_raw_signature_and_scores_raw_rows(
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("serving")
-    with mlflow.start_run() as run:
-        run_id = run.info.run_id
+    # Through a client, not mlflow.set_experiment(): that one's active experiment is global to
+    # the process, and the next test's start_run(run_id=...) in another store refuses it.
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("serving")).info.run_id
     example = RAW.iloc[[0]].astype({"user_id": "int64", "position": "int64", "user_age": "int64"})
     example = example.assign(user_recent_items=[[1, 2]])
     features = ServingFeatures(SPEC, STATE, ctr_backfill().columns["backfill"], example)
