@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
-import socket
 import statistics
 import tempfile
 import time
@@ -34,7 +32,6 @@ import numpy as np
 import pyarrow as pa
 
 from flow.config import StackConfig
-from flow.errors import ConfigError
 from flow.handoff import Channel, ChannelReader, Commit, ReadOptions
 from flow.handoff import log as commit_log
 from flow.handoff.format import WRITERS, WriterHead, head_name
@@ -184,34 +181,11 @@ def opened(store: str) -> Iterator[Location | None]:
     if store != "moto":
         yield location(store)
         return
-    try:
-        from moto.server import ThreadedMotoServer
-    except ImportError as e:
-        raise ConfigError(
-            "--store moto needs moto's server: pip install 'moto[server]' (make setup installs "
-            "it), or give --store s3://bucket/folder"
-        ) from e
-    from pyarrow import fs as pafs
+    from flow.stack.local_s3 import local_s3
 
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
-    with socket.socket() as probe:  # a free port on 127.0.0.1
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
+    with local_s3(["bench"]) as port:
         options = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-        pafs.S3FileSystem(
-            endpoint_override=f"127.0.0.1:{port}",
-            scheme="http",
-            access_key="test",
-            secret_key="test",
-            region="us-east-1",
-            allow_bucket_creation=True,
-        ).create_dir("bench")
         yield location(f"s3://test:test@bench/commits?{options}")
-    finally:
-        server.stop()
 
 
 def main() -> None:

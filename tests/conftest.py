@@ -7,7 +7,6 @@ session gets a temporary ``FLOW_HOME`` and free ports. The JVM jar cache is shar
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -64,30 +63,12 @@ class S3Server:
 def s3_server() -> Iterator[S3Server]:
     """One S3-compatible server for the session: pyarrow, pyiceberg, Iceberg's S3FileIO and
     Hadoop's S3A talk to it over HTTP as they would to S3 or MinIO."""
-    from moto.server import ThreadedMotoServer
-    from pyarrow import fs as pafs
-
+    from flow.stack.local_s3 import local_s3
     from tests.support import free_ports
 
-    # A line per request would bury a failing test's own log.
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     (port,) = free_ports(1)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        s3 = pafs.S3FileSystem(
-            endpoint_override=f"127.0.0.1:{port}",
-            scheme="http",
-            access_key="test",
-            secret_key="test",
-            region="us-east-1",
-            allow_bucket_creation=True,
-        )
-        for bucket in ("handoff", "lake", "flow"):
-            s3.create_dir(bucket)
+    with local_s3(("handoff", "lake", "flow"), port):
         yield S3Server(f"http://127.0.0.1:{port}", port)
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
