@@ -492,6 +492,13 @@ class CommitLog:
         self._codes.setdefault(commit.writer, len(self._codes))
 
     def _refresh_legacy(self) -> bool:
+        # A writer of this version folds the channel into its first checkpoint when it first
+        # commits (a new channel, or an old one upgraded): from then on the heads say what came,
+        # and listing commits/ every poll would grow with the channel (flow bench soak found a
+        # follower started before the first commit listing for its whole life).
+        if read_checkpoint(self.folder) is not None:
+            self.load()
+            return True
         heads, _ = read_heads(self.folder)  # before listing: a head never names one in progress
         del heads
         self.closed = self.folder.exists("_closed")
