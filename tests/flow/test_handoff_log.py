@@ -139,6 +139,27 @@ def test_a_follower_of_an_old_channel_reads_heads_once_it_is_upgraded(tmp_path: 
     assert _idle_requests(where, lambda n: n in (2, 3) and bool(fresh.commit([2]))) <= 2
 
 
+def test_segments_no_recent_checkpoint_names_are_deleted_once_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w, written = long_channel(tmp_path, 12)  # folds and a merge: segments merged away
+    segments = folder(w) / "log" / "segments"
+    made = {p.name for p in segments.iterdir()}
+    first = commit_log.read_checkpoint(w.channel.folder)
+    assert first is not None
+    named = {s["name"] for s in first.segments}
+    assert made - named  # what the merge left (young: kept, a reader may be reading it)
+    monkeypatch.setattr(commit_log, "SEGMENT_GRACE_S", 0.0)
+    written += w.commit([3, 2]) + w.commit([3, 2]) + w.commit([3, 2]) + w.commit([3, 2])
+    checkpoint = commit_log.read_checkpoint(w.channel.folder)
+    assert checkpoint is not None
+    kept = {p.name for p in segments.iterdir()}
+    # The last two checkpoints' segments only: a reader of the one before may still read them.
+    assert len(kept) <= len(checkpoint.segments) + 1
+    assert {s["name"] for s in checkpoint.segments} <= kept
+    assert sorted(rows(tmp_path)) == written
+
+
 def test_a_replayed_batch_is_a_no_op_after_a_checkpoint_and_after_retention(
     tmp_path: Path,
 ) -> None:
