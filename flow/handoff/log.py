@@ -36,6 +36,7 @@ checkpoint that holds their commits is written and read back.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import time
@@ -418,10 +419,18 @@ class CommitLog:
         self._codes: dict[str, int] = {}
         self._arrays: dict[str, np.ndarray] = {}
         self._loaded = False
+        self._look_at = 0
+        """Records held past which a refresh looks for a newer checkpoint (_reload_if_long)."""
 
     @property
     def legacy(self) -> bool:
         return self._loaded and self.checkpoint is None
+
+    @property
+    def records_held(self) -> int:
+        """Commits this view holds as records read after its checkpoint (the rest are the
+        checkpoint's arrays): what a following reader's memory grows by until it reloads."""
+        return len(self._tail)
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -437,6 +446,7 @@ class CommitLog:
         self._index(_read_segments(self.folder, [s["name"] for s in self.checkpoint.segments]))
         self._seen = {w: (h[0], h[1]) for w, h in self.checkpoint.heads.items()}
         self._loaded = True
+        self._look_at = self.checkpoint.interval
         self.refresh()
 
     def _index(self, table: pa.Table) -> None:
@@ -501,7 +511,23 @@ class CommitLog:
             top = min(lost) - 1 if lost else head.seq
             if top > seen:
                 self._seen[writer] = (top, head.batch_id)
+        if came:
+            self._reload_if_long()
         return came
+
+    def _reload_if_long(self) -> None:
+        """A follower's view gains a record a micro-batch, for weeks: past a checkpoint
+        interval of them, it starts again from the latest checkpoint, which holds them as
+        arrays (flow bench soak: records held as objects cost ~40 KB each with 64 buckets, and
+        their list a scan every poll). One GET, and a reload every interval's commits."""
+        assert self.checkpoint is not None
+        if len(self._tail) < self._look_at:
+            return
+        latest = read_checkpoint(self.folder)
+        if latest is not None and latest.commits > self.checkpoint.commits:
+            self.load()
+        else:  # no fold since (a writer folds every interval): look again an interval on
+            self._look_at = len(self._tail) + self.checkpoint.interval
 
     def _reload_if_folded(self) -> bool:
         """A record missing on a walk may have been retired since: a newer checkpoint holds it."""
@@ -515,8 +541,7 @@ class CommitLog:
         if commit.batch_id in self._tail:
             return
         self._tail[commit.batch_id] = commit
-        at = int(np.searchsorted(np.asarray(self._tail_ids, dtype=np.int64), commit.batch_id))
-        self._tail_ids.insert(at, commit.batch_id)
+        bisect.insort(self._tail_ids, commit.batch_id)
         self._codes.setdefault(commit.writer, len(self._codes))
 
     def _refresh_legacy(self) -> bool:
@@ -548,7 +573,10 @@ class CommitLog:
         start = int(np.searchsorted(self._ids, after, side="right"))
         stop = len(self._ids) if upto is None else int(np.searchsorted(self._ids, upto, "right"))
         held = self._ids[start:stop]
-        tail = [b for b in self._tail_ids if b > after and (upto is None or b <= upto)]
+        # Sorted: the records after ``after`` are found without a scan (every poll asks).
+        first = bisect.bisect_right(self._tail_ids, after)
+        last = len(self._tail_ids) if upto is None else bisect.bisect_right(self._tail_ids, upto)
+        tail = self._tail_ids[first:last]
         if not tail:
             return [int(b) for b in held.tolist()]
         return sorted([*held.tolist(), *tail])
