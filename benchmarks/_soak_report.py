@@ -254,6 +254,7 @@ def plot(result: dict[str, Any], where: Path) -> Path:
     disk.plot(*series("log_bytes", 1 / 1024), label="channel log (KB)")
     disk.plot(*series("log_files"), label="channel log files")
     disk.plot(*series("ledger_metadata_bytes", 1 / 1024), label="dead-letter table metadata (KB)")
+    disk.plot(*series("spark_checkpoint_bytes", 1 / 1024), label="Spark's checkpoint (KB)")
     disk.set_yscale("log")
     disk.set_xlabel("micro-batch")
     disk.legend(loc="upper left", fontsize=8)
