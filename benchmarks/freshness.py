@@ -39,7 +39,8 @@ from typing import Any
 
 from flow.config import StackConfig
 from flow.console import console
-from flow.workflows.demo import DemoSize, run_demo, summarize
+from flow.workflows.demo import DemoSize, run_demo
+from flow.workflows.demo_summary import summarize
 
 NEEDS_SPARK = False  # it submits its own Spark job, as `flow run` does
 NAMESPACE = "freshness"
