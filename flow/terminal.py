@@ -75,9 +75,21 @@ NOISE = (
         "Spark warnings that a micro-batch took longer than its trigger",
     ),
     Quiet(r"serialized using CloudPickle", "MLflow notices that a model is pickled"),
+    Quiet(
+        r"StateStore: Error running maintenance thread",
+        "Spark warnings that its state store was not maintained as the session stopped",
+    ),
+    Quiet(
+        r"DAGScheduler: Failed to cancel job group",
+        "Spark warnings that a stopping query's jobs had already ended",
+    ),
 )
-"""What ``flow demo`` keeps off the terminal: true, expected on a small machine, and no action
-to take; each repeats dozens of times and buries the lines that matter."""
+"""What ``flow demo`` keeps off the terminal: true, expected (on a small machine, or as the
+live query stops), and no action to take; some repeat dozens of times, some carry a stack
+trace, and all bury the lines that matter."""
+
+_TRACE = re.compile(r"^\s+at |^\s*\.\.\. \d+ more|^Caused by: |^[\w.$]+(Exception|Error)(: |$)")
+"""The lines of a Java stack trace after its first: they follow the noise they belong to."""
 
 
 def prefixed(source: str, text: str, width: int) -> str:
@@ -111,6 +123,8 @@ class Terminal:
         self.last = clock()
         """When the terminal last got a line (``clock``'s time)."""
         self._lock = threading.Lock()
+        self._in_noise: set[str] = set()
+        """Sources whose last line was noise: its stack trace follows it to the log."""
 
     def line(self, source: str, text: str) -> None:
         """One line of ``source``: to the log file; to the terminal unless it is noise."""
@@ -118,13 +132,21 @@ class Terminal:
         shown = prefixed(source, text, self.width)
         with self._lock:
             stamp = self.stamp()
-            self.log.write(f"{stamp} {shown}\n")
-            self.log.flush()
+            if not self.log.closed:  # a process still talking after an interrupted run
+                self.log.write(f"{stamp} {shown}\n")
+                self.log.flush()
+            if source in self._in_noise and _TRACE.search(text):
+                return
             noise = next((what for pattern, what in self.quiet if pattern.search(text)), None)
             if noise is not None:
                 self.hidden[noise] += 1
+                self._in_noise.add(source)
                 return
-            self.console.print(f"  [dim]{stamp}[/] {escape(shown)}", highlight=False)
+            self._in_noise.discard(source)
+            # One line, however long: a line wrapped here would lose its prefix.
+            self.console.print(
+                f"  [dim]{stamp}[/] {escape(shown)}", highlight=False, soft_wrap=True
+            )
             self.last = self.clock()
 
     def say_as(self, source: str) -> Callable[[str], None]:

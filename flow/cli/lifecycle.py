@@ -76,7 +76,7 @@ def demo(
     from flow.insight import run_insight
     from flow.terminal import Terminal, Ticker, elapsed
     from flow.workflows.demo import NAMESPACE, DemoSize, DemoStatus, log_path, run_demo
-    from flow.workflows.demo_summary import render, summarize
+    from flow.workflows.demo_summary import show, summarize
     from flow.workflows.together import result_file
 
     started = time.monotonic()
@@ -122,7 +122,7 @@ def demo(
         pointers.append((f"insight, {made.name}", made.insight.findings[0]))
         summary[f"insight_{made.name}"] = made.insight.findings
     pointers += [("reproduce", size.command()), ("done in", elapsed(time.monotonic() - started))]
-    (console if as_json else out).print(render(summary, pointers))
+    show(summary, console if as_json else out, pointers)
     if as_json:
         emit_json(summary)
 

@@ -1,7 +1,7 @@
 """The end of ``flow demo``: its figures read back from MLflow and the live channel, and the
 one table a person reads, with a legend that says once what each figure is.
 
-:func:`summarize` gathers the figures (also the ``--json`` document); :func:`render` lays them
+:func:`summarize` gathers the figures (also the ``--json`` document); :func:`show` lays them
 out: the stage table (a column per stage, a row per figure), the trainer's run-wide figures,
 the legend, then where everything else is.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -22,7 +22,7 @@ from flow.storage import namespace_locations
 from flow.tracking import runs_url
 from flow.workflows.synthetic import DELAYS
 
-__all__ = ["LEGEND", "STAGES", "legend", "render", "stage_table", "summarize"]
+__all__ = ["LEGEND", "STAGES", "legend", "render", "show", "stage_table", "summarize"]
 
 STAGES = ("backfill", "live")
 """The demo's stages, its table's columns, in the order they run."""
@@ -275,19 +275,13 @@ def legend(width: int | None = None) -> Table:
     return grid
 
 
-def render(summary: dict[str, Any], pointers: Sequence[tuple[str, str]] = ()) -> RenderableType:
-    """The end screen: the stage table, the run's own figures, the legend, then ``pointers``
-    (where things are: MLflow, files, insight, the command again)."""
+def render(summary: dict[str, Any]) -> RenderableType:
+    """The stage table, the run's own figures under it, and the legend."""
     lines = Table.grid(padding=(0, 2))
     lines.add_column(style="bold", no_wrap=True)
     lines.add_column()
     for name, value in _run_lines(summary):
         lines.add_row(name, escape(value))
-    where = Table.grid(padding=(0, 2))
-    where.add_column(style="bold", no_wrap=True)
-    where.add_column(overflow="fold")
-    for name, value in pointers:
-        where.add_row(name, escape(value))
     return Group(
         stage_table(summary),
         lines,
@@ -295,5 +289,18 @@ def render(summary: dict[str, Any], pointers: Sequence[tuple[str, str]] = ()) ->
         Text("What the figures are", style="bold underline"),
         legend(),
         Text(""),
-        where,
     )
+
+
+def show(
+    summary: dict[str, Any], console: Console, pointers: Sequence[tuple[str, str]] = ()
+) -> None:
+    """The end screen: :func:`render`, then ``pointers`` (where things are: MLflow, files,
+    insight, the command again), each on one line however long, so that a link or a command
+    is copied whole."""
+    console.print(render(summary))
+    width = max((len(name) for name, _ in pointers), default=0)
+    for name, value in pointers:
+        console.print(
+            f"[bold]{escape(name):<{width}}[/]  {escape(value)}", highlight=False, soft_wrap=True
+        )

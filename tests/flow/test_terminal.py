@@ -61,6 +61,35 @@ def test_known_noise_goes_to_the_log_only_and_is_counted() -> None:
     assert said.noise_said() == [f"3 {NOISE[0].what}", f"1 {NOISE[1].what}"]
 
 
+def test_the_stack_trace_of_noise_goes_with_it() -> None:
+    said, shown, log = terminal()
+    trace = [
+        "10:58:41 WARN StateStore: Error running maintenance thread",
+        "java.lang.IllegalStateException: SparkEnv not active, cannot do maintenance",
+        "\tat org.apache.spark.sql.execution.streaming.state.StateStore$.doMaintenance(x:1)",
+        "\tat java.base/java.lang.Thread.run(Thread.java:840)",
+    ]
+    for text in trace:
+        said.line("spark", text)
+    said.line("trainer", "    at a line of another source's")
+    said.line("spark", "flow live: stopped")
+    said.line("spark", "java.lang.RuntimeException: not noise: after a line that was not")
+    assert shown.getvalue().splitlines() == [
+        "  12:00:00 trainer   |     at a line of another source's",
+        "  12:00:00 spark     | flow live: stopped",
+        "  12:00:00 spark     | java.lang.RuntimeException: not noise: after a line that was not",
+    ]
+    assert len(log.getvalue().splitlines()) == 7
+    assert said.noise_said() == [f"1 {NOISE[2].what}"]
+
+
+def test_a_line_after_the_log_closed_still_reaches_the_terminal() -> None:
+    said, shown, log = terminal()
+    log.close()  # an interrupted run: a process may still talk as it stops
+    said.line("trainer", "stopping")
+    assert shown.getvalue().splitlines() == ["  12:00:00 trainer   | stopping"]
+
+
 def test_a_process_s_output_is_relayed_line_by_line_under_its_name() -> None:
     said, shown, log = terminal()
     script = (

@@ -14,7 +14,7 @@ from flow.config import StackConfig
 from flow.handoff import Channel
 from flow.storage import namespace_locations
 from flow.workflows.demo import DemoStatus
-from flow.workflows.demo_summary import LEGEND, render
+from flow.workflows.demo_summary import LEGEND, show
 from tests.support import stack_env_for
 from tests.trainers.channels import write
 
@@ -55,7 +55,7 @@ SUMMARY: dict[str, Any] = {
 
 def screen(summary: dict[str, Any], pointers: list[tuple[str, str]] | None = None) -> str:
     shown = io.StringIO()
-    Console(width=120, file=shown, color_system=None).print(render(summary, pointers or []))
+    show(summary, Console(width=120, file=shown, color_system=None), pointers or [])
     return shown.getvalue()
 
 
@@ -113,10 +113,12 @@ def test_a_stage_that_does_not_reconcile_says_so_and_missing_figures_are_dashes(
     assert "n/a" not in text
 
 
-def test_where_things_are_comes_after_the_legend() -> None:
-    text = screen(SUMMARY, [("log", "/tmp/demo.log"), ("reproduce", "flow demo --days 1")])
-    assert text.index("/tmp/demo.log") > text.index("What the figures are")
-    assert text.index("flow demo --days 1") > text.index("/tmp/demo.log")
+def test_where_things_are_comes_after_the_legend_each_on_one_line() -> None:
+    link = SUMMARY["ui"] + "?" + "x" * 150  # longer than the screen: copied whole all the same
+    text = screen(SUMMARY, [("MLflow", link), ("reproduce", "flow demo --days 1")])
+    assert text.index(link) > text.index("What the figures are")
+    assert f"MLflow     {link}" in text.splitlines()
+    assert "reproduce  flow demo --days 1" in text.splitlines()
 
 
 def test_the_status_says_the_phase_then_how_far_each_channel_and_the_trainer_are(
