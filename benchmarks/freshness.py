@@ -42,7 +42,8 @@ from flow.console import console
 from flow.handoff import Channel
 from flow.insight.freshness import BatchTimes, channel_freshness
 from flow.storage import namespace_locations
-from flow.workflows.demo import DemoSize, run_demo, summarize
+from flow.workflows.demo import DemoSize, run_demo
+from flow.workflows.demo_summary import summarize
 
 NEEDS_SPARK = False  # it submits its own Spark job, as `flow run` does
 NAMESPACE = "freshness"

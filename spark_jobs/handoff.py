@@ -87,6 +87,8 @@ class ExportOptions:
     max_unconsumed_bytes: int | None = None
     labels: Mapping[str, str] | None = None
     """How the rows were labelled (ChannelMeta.labels)."""
+    units: Mapping[str, Mapping[str, Any]] | None = None
+    """How the dense values map back to raw units (ChannelMeta.units)."""
     tasks: int | None = None
     """Writer tasks (default: min(buckets, 2 x Spark's parallelism))."""
     label_sum: str | None = None
@@ -317,6 +319,7 @@ def open_channel(channel: Channel, schema: pa.Schema, options: ExportOptions) ->
         feature_state=options.feature_state,
         max_unconsumed_bytes=options.max_unconsumed_bytes,
         labels=options.labels,
+        units=options.units,
     )
     channel.reopen()
     return meta

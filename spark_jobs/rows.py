@@ -12,7 +12,7 @@ from flow.config import StackConfig
 from flow.handoff import Channel
 from flow.pipeline.features import FeatureSpec
 from flow.pipeline.model import Enrich, HandoffOutput, Pipeline
-from flow.pipeline.state import FeatureState, layout
+from flow.pipeline.state import FeatureState, layout, raw_units
 from flow.storage import namespace_locations
 from spark_jobs.handoff import ExportOptions
 from spark_jobs.joins import FOUND_PREFIX, enrichment_names, found_column
@@ -78,6 +78,7 @@ def export_options(
         fixed_sizes={k: v for k, v in sizes.items() if v > 0},
         layout=rows.to_dict(),
         feature_state=state.version,
+        units=raw_units(spec, state),
         max_unconsumed_bytes=output.max_unconsumed_bytes,
         labels=labels,
         label_sum="label" if count_positives else None,

@@ -212,6 +212,7 @@ class Channel:
         feature_state: str | None = None,
         max_unconsumed_bytes: int | None = None,
         labels: Mapping[str, str] | None = None,
+        units: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> ChannelMeta:
         """Create the channel, or check that the existing one has this schema and bucket count."""
         if self.exists():
@@ -244,6 +245,7 @@ class Channel:
             feature_state=feature_state,
             max_unconsumed_bytes=max_unconsumed_bytes,
             labels=dict(labels) if labels else None,
+            units={k: dict(v) for k, v in units.items()} if units else None,
         )
         self.folder.write_bytes(CHANNEL_FILE, meta.to_json().encode())
         self._meta = meta
