@@ -3,7 +3,8 @@
 :class:`FeatureTransform` turns a table of a stage's feature inputs (the events' columns after
 the label join, the enrichments and the Derived columns) into the training-row columns that
 ``spark_jobs.features`` compiles to Spark SQL: ``dense`` (float32), ``sparse`` (int32), one
-``seq_<name>`` per sequence feature, and ``label`` and ``weight`` where their columns are given.
+``seq_<name>`` per sequence feature, ``ids`` (int64, the raw ids of ``Id`` features) where there
+are any, and ``label`` and ``weight`` where their columns are given.
 It is the serving side of "one feature transform, two executions"; the consistency check
 (:mod:`flow.transform.consistency`) holds the two to the same values on committed rows.
 
@@ -23,12 +24,14 @@ import pyarrow.compute as pc
 
 from flow.errors import ConfigError
 from flow.pipeline.features import (
+    NULL_ID,
     Bucketized,
     Cross,
     Feature,
     FeatureSpec,
     Hashed,
     HashedSequence,
+    Id,
     Numeric,
     Vocabulary,
     feature_inputs,
@@ -137,7 +140,16 @@ class FeatureTransform:
         for feature in spec.features:
             if isinstance(feature, HashedSequence):
                 out[f"seq_{feature_name(feature)}"] = _fixed(self._sequence(feature, table))
+        ids = [self._id(f, table) for f in spec.features if isinstance(f, Id)]
+        if ids:  # the raw ids, as Spark passes them: the model's tables map them
+            out["ids"] = _fixed(np.stack(ids, axis=1))
         return pa.table(out)
+
+    def _id(self, feature: Id, table: pa.Table) -> np.ndarray:
+        """``coalesce(cast(column AS bigint), NULL_ID)``: an Id's column is an integer one."""
+        values = pc.cast(table.column(feature.column).combine_chunks(), pa.int64())
+        filled: np.ndarray = pc.fill_null(values, NULL_ID).to_numpy(zero_copy_only=False)
+        return filled.astype(np.int64)
 
     def _dense(self, feature: Numeric, table: pa.Table) -> np.ndarray:
         name = feature_name(feature)
