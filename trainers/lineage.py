@@ -72,11 +72,13 @@ def log_lineage(
     *,
     layout: Mapping[str, Any],
     step: int,
-) -> None:
-    """The commits read, their sources as tags, the rows' schema and layout as artifacts."""
+) -> dict[str, str]:
+    """The commits read, their sources as tags, the rows' schema and layout as artifacts; the
+    tags."""
     commits = commits_read(config.location, config.channels, cursor)
     run.log_dict(commits, "handoff_commits.json")
-    run.set_tags(lineage_tags(commits))
+    tags = lineage_tags(commits)
+    run.set_tags(tags)
     reader = ChannelReader(config.location, config.channels[0])
     run.log_dict({f.name: str(f.type) for f in reader.schema}, "schema.json")
     run.log_dict(dict(layout), "layout.json")
@@ -84,3 +86,4 @@ def log_lineage(
     run.log_metrics(
         {"handoff_commits": len(read), "handoff_bytes": sum(c["bytes"] for c in read)}, step=step
     )
+    return tags
