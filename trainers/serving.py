@@ -122,9 +122,9 @@ class RawCTRPredictor(CTRPredictor):
             if column in ("label", "weight"):
                 continue
             values = rows.column(column).combine_chunks()
+            if not pa.types.is_fixed_size_list(values.type):
+                continue  # a block without features (lists of nothing): the model reads none
             width = values.type.list_size
-            if width == 0:
-                continue
             flat = values.flatten().to_numpy(zero_copy_only=False).reshape(len(values), width)
             batch[column] = torch.from_numpy(
                 flat.astype(np.int64 if column != "dense" else np.float32)

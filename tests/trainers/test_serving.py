@@ -178,3 +178,20 @@ def test_the_trainer_takes_the_features_its_channels_recorded(tmp_path: Path) ->
     )
     with pytest.raises(ConfigError, match="different feature states"):
         features_of(root, ("backfill", "refit"))
+
+
+def test_a_spec_of_hashed_ids_only_scores_raw_rows(tmp_path: Path) -> None:
+    """No dense block (the ratings pipeline's features): the transform leaves it as lists of
+    nothing, which the model does not read."""
+    from pipelines.ratings import ratings
+
+    pipeline = ratings()
+    spec = pipeline.stages[0].features
+    state = FeatureState(spec.name, spec.fingerprint)
+    features = ServingFeatures.for_stage(pipeline, "backfill", state)
+    rows = layout(spec, state)
+    predictor = RawCTRPredictor()
+    predictor.prepare(features)
+    predictor.layout, predictor.model = rows, build_model(ModelConfig("logistic"), rows).eval()
+    found = predictor.predict(None, pd.DataFrame({"user_id": [1, None], "movie_id": [5, 6]}))
+    assert found.shape == (2,)
