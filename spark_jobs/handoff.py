@@ -94,6 +94,9 @@ class ExportOptions:
     label_sum: str | None = None
     """A label column the writer tasks sum as they write: the commit's ``positives`` stat,
     without a Spark job of its own (binary labels: the positive rows)."""
+    features: Mapping[str, Any] | None = None
+    """What made the rows, for a model serving on raw events (flow.transform.ServingFeatures as
+    plain data): recorded when the channel is created."""
 
 
 def _array_lengths(df: DataFrame) -> dict[str, int]:
@@ -320,6 +323,7 @@ def open_channel(channel: Channel, schema: pa.Schema, options: ExportOptions) ->
         max_unconsumed_bytes=options.max_unconsumed_bytes,
         labels=options.labels,
         units=options.units,
+        features=options.features,
     )
     channel.reopen()
     return meta

@@ -42,6 +42,9 @@ __all__ = [
 FORMAT_VERSION = 2
 """2: commits are numbered per writer (``seq``, ``previous``, ``total_rows``; writers' heads)."""
 CHANNEL_FILE = "_channel.json"
+FEATURES_FILE = "_features.json"
+"""What made the channel's rows, for a model serving on raw events (written before CHANNEL_FILE;
+flow.transform.ServingFeatures reads it, the handoff never does)."""
 CLOSED_FILE = "_closed"
 COMMITS = "commits"
 SHARDS = "shards"
