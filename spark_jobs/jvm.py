@@ -2,13 +2,13 @@
 
 Some of what Primus Flow does has no public pyspark API: a plan prepared before it runs, a cache
 asked whether it is filled, the metrics of a running micro-batch's plan, the job group of the
-calling thread, a session made current for a warm driver's job. Each of those reaches through a
-private attribute of pyspark (``_jdf``, ``_jsq``, ``_jvm``, ``_jsc``, ``_jsparkSession``) or through
-``SparkContext``, which Spark Connect does not have, into py4j and the JVM. A Spark upgrade may
-rename any of them; here each is one function, named for what it gives, whose docstring says
-which private thing it reaches and why there is no public way, and tests/spark_jobs/test_jvm.py
-checks each against the running Spark. ``tests/spark_jobs/test_jvm_boundary.py`` fails when such
-an access appears anywhere else.
+calling thread, a session made current for a warm driver's job, the driver's heap after a
+collection. Each of those reaches through a private attribute of pyspark (``_jdf``, ``_jsq``,
+``_jvm``, ``_jsc``, ``_jsparkSession``) or through ``SparkContext``, which Spark Connect does not
+have, into py4j and the JVM. A Spark upgrade may rename any of them; here each is one
+function, named for what it gives, whose docstring says which private thing it reaches and why
+there is no public way, and tests/spark_jobs/test_jvm.py checks each against the running Spark.
+``tests/spark_jobs/test_jvm_boundary.py`` fails when such an access appears anywhere else.
 
 What an accessor returns may be a Java object (py4j's proxy, typed :data:`JavaObject`); its
 methods are Spark's Scala API, which the caller uses and test_jvm.py calls too.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from py4j.protocol import Py4JError, Py4JJavaError
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 __all__ = [
+    "DriverMemory",
     "JavaError",
     "JavaObject",
     "cache_builder",
@@ -41,6 +43,7 @@ __all__ = [
     "context_stop_replaced",
     "context_stopped",
     "default_parallelism",
+    "driver_memory",
     "exception_chain",
     "executed_plan",
     "jvm",
@@ -107,6 +110,43 @@ def standalone_jvm() -> Iterator[JavaObject]:
         gateway.shutdown()
         gateway.proc.stdin.close()  # the gateway server exits when its stdin closes
         gateway.proc.wait(timeout=60)
+
+
+@dataclass(frozen=True)
+class DriverMemory:
+    """The driver JVM's memory, in bytes, as its ``MemoryMXBean`` reports it."""
+
+    heap_used: int
+    heap_committed: int
+    heap_max: int
+    non_heap_used: int
+    """Metaspace, the code cache and the like: grows with the classes Spark's codegen makes."""
+    pid: int
+    """The JVM's process id (its resident size: ``/proc/<pid>/status`` on Linux)."""
+
+
+def driver_memory(spark: SparkSession, *, collect: bool = False) -> DriverMemory:
+    """The driver JVM's heap and non-heap use; with ``collect``, after a full collection
+    (``System.gc()``: a stop-the-world pause of the whole driver, ~0.1-0.3 s for a few hundred MB
+    live), so that what is used is what is held, not garbage not yet collected.
+
+    Reaches ``SparkSession._jvm`` (through :func:`jvm`) for ``java.lang.management``. No public
+    way: Spark's metrics report the driver's memory as peaks, to a metrics sink or the UI's REST
+    API, never after a collection.
+    """
+    java = jvm(spark).java.lang
+    if collect:
+        java.System.gc()
+    management = java.management.ManagementFactory
+    heap = management.getMemoryMXBean().getHeapMemoryUsage()
+    non_heap = management.getMemoryMXBean().getNonHeapMemoryUsage()
+    return DriverMemory(
+        heap_used=int(heap.getUsed()),
+        heap_committed=int(heap.getCommitted()),
+        heap_max=int(heap.getMax()),
+        non_heap_used=int(non_heap.getUsed()),
+        pid=int(management.getRuntimeMXBean().getPid()),
+    )
 
 
 # --- the SparkContext ---------------------------------------------------------------------------

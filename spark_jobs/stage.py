@@ -34,7 +34,12 @@ from flow.storage import Location, check_storage, location, namespace_locations
 from spark_jobs.joins import enrich
 from spark_jobs.report import StageReport
 from spark_jobs.rows import channel_for, dead_letter_table
-from spark_jobs.sinks import DEAD_LETTER_SCHEMA, dead_letter_rows, ensure_table
+from spark_jobs.sinks import (
+    DEAD_LETTER_SCHEMA,
+    LEDGER_PROPERTIES,
+    dead_letter_rows,
+    ensure_table,
+)
 from spark_jobs.validate import REASON
 
 __all__ = [
@@ -182,7 +187,7 @@ class StageRun(Generic[S]):
     def open_dead_letters(self) -> str:
         """The pipeline's dead-letter table, created if missing."""
         table = dead_letter_table(self.stack, self.pipeline)
-        ensure_table(self.spark, table, DEAD_LETTER_SCHEMA, "stage")
+        ensure_table(self.spark, table, DEAD_LETTER_SCHEMA, "stage", LEDGER_PROPERTIES)
         return table
 
     def dead_letters(self, dead: DataFrame) -> DataFrame:

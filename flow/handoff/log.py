@@ -36,7 +36,9 @@ checkpoint that holds their commits is written and read back.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +59,7 @@ __all__ = [
     "CLOSED_MARK",
     "LOG",
     "MERGE_SEGMENTS",
+    "SEGMENT_GRACE_S",
     "Checkpoint",
     "CommitLog",
     "Links",
@@ -75,6 +78,12 @@ tail."""
 MERGE_SEGMENTS = 100
 """Every this many segments of a level are merged into one of the next level: a million
 commits make ~10 segments of 100,000 and a few of 1,000, not a thousand files."""
+SEGMENT_GRACE_S = 600.0
+"""A segment that neither the new checkpoint nor the one before names is deleted at a fold once
+it is this old (a merge leaves the segments it merged, and each fold of a retention leaves one
+more: 600 files after 1,200 micro-batches of ``flow bench soak``). A reader reads the segments
+of the checkpoint it read within moments, and another writer's fold names its new segment in
+the checkpoint it writes next: ten minutes covers both."""
 LOG = "log"
 CHECKPOINT_FILE = "_checkpoint.json"
 SEGMENTS = "segments"
@@ -334,12 +343,31 @@ def fold(folder: Location, *, retire_upto: int | None = None) -> Checkpoint:
         token=uuid.uuid4().hex,
     )
     folder.child(LOG).write_bytes(CHECKPOINT_FILE, checkpoint.to_json().encode())
+    _sweep_segments(folder, (before, checkpoint))
     return checkpoint
+
+
+def _sweep_segments(folder: Location, keep: Iterable[Checkpoint | None]) -> None:
+    """Delete the segments none of ``keep`` names, once older than :data:`SEGMENT_GRACE_S`."""
+    named = {
+        s["name"] for checkpoint in keep if checkpoint is not None for s in checkpoint.segments
+    }
+    segments = folder.child(LOG, SEGMENTS)
+    selector = pafs.FileSelector(segments.path, allow_not_found=True)
+    cutoff = time.time() - SEGMENT_GRACE_S
+    for info in folder.fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or info.base_name in named:
+            continue
+        if info.mtime is not None and info.mtime.timestamp() > cutoff:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            folder.fs.delete_file(info.path)
 
 
 def _merged(folder: Location, segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Segments with every run of :data:`MERGE_SEGMENTS` of one level merged into one of the
-    next (the old files stay until retention: a reader of the old checkpoint may need them)."""
+    next (the old files stay for a while: a reader of the old checkpoint may need them; see
+    :data:`SEGMENT_GRACE_S`)."""
     level = 0
     while True:
         same = [s for s in segments if s["level"] == level]
@@ -492,6 +520,13 @@ class CommitLog:
         self._codes.setdefault(commit.writer, len(self._codes))
 
     def _refresh_legacy(self) -> bool:
+        # A writer of this version folds the channel into its first checkpoint when it first
+        # commits (a new channel, or an old one upgraded): from then on the heads say what came,
+        # and listing commits/ every poll would grow with the channel (flow bench soak found a
+        # follower started before the first commit listing for its whole life).
+        if read_checkpoint(self.folder) is not None:
+            self.load()
+            return True
         heads, _ = read_heads(self.folder)  # before listing: a head never names one in progress
         del heads
         self.closed = self.folder.exists("_closed")

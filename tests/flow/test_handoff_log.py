@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from flow.handoff import (
 from flow.handoff import log as commit_log
 from flow.handoff.format import WriterHead, commit_name, head_name
 from flow.handoff.plan import targets
-from flow.storage import counting_location
+from flow.storage import Location, counting_location
 from tests.support import Writer, read_ids
 
 
@@ -96,6 +97,67 @@ def test_add_commit_and_an_idle_poll_never_list_the_commits(tmp_path: Path) -> N
     idle = {k: polls[3].get(k, 0) - polls[2].get(k, 0) for k in polls[3]}
     # One LIST of writers/ (heads and the close) and one GET of the one writer's head.
     assert sum(idle.values()) <= 2, idle
+
+
+def _idle_requests(where: Location, before_each_poll: Callable[[int], object]) -> int:
+    """Requests of a follower's idle poll, after ``before_each_poll(n)`` ran before its polls
+    1..5 (commits land there); the poll measured is the seventh, when nothing came since."""
+    handler = where.fs.handler
+    reader = ChannelReader(where, "live", options=ReadOptions(batch_size=4, follow=True))
+    totals: list[int] = []
+
+    def pause(_: float) -> None:
+        totals.append(handler.total())
+        if len(totals) == 8:
+            raise KeyboardInterrupt
+        before_each_poll(len(totals))
+
+    reader.sleep = pause
+    with pytest.raises(KeyboardInterrupt):
+        for _ in reader:
+            pass
+    return totals[7] - totals[6]
+
+
+def test_a_follower_started_before_the_first_commit_reads_heads_not_listings(
+    tmp_path: Path,
+) -> None:
+    # A trainer started beside its live stage opens the channel before any commit: it too must
+    # learn of commits from the heads, not by listing commits/ every poll (flow bench soak).
+    w = Writer(tmp_path, "live", buckets=2, writer="ctr.live:a")
+    where, _ = counting_location(str(tmp_path))
+    assert _idle_requests(where, lambda n: n <= 5 and bool(w.commit([3, 2]))) <= 2
+
+
+def test_a_follower_of_an_old_channel_reads_heads_once_it_is_upgraded(tmp_path: Path) -> None:
+    w, _ = long_channel(tmp_path, 3)
+    shutil.rmtree(folder(w) / "log")  # as written before checkpoints
+    fresh = Writer.__new__(Writer)
+    fresh.__dict__.update(w.__dict__, channel=Channel(str(tmp_path), "live"))
+    where, _ = counting_location(str(tmp_path))
+    # The follower starts on the old channel; the first write of this version upgrades it.
+    assert _idle_requests(where, lambda n: n in (2, 3) and bool(fresh.commit([2]))) <= 2
+
+
+def test_segments_no_recent_checkpoint_names_are_deleted_once_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w, written = long_channel(tmp_path, 12)  # folds and a merge: segments merged away
+    segments = folder(w) / "log" / "segments"
+    made = {p.name for p in segments.iterdir()}
+    first = commit_log.read_checkpoint(w.channel.folder)
+    assert first is not None
+    named = {s["name"] for s in first.segments}
+    assert made - named  # what the merge left (young: kept, a reader may be reading it)
+    monkeypatch.setattr(commit_log, "SEGMENT_GRACE_S", 0.0)
+    written += w.commit([3, 2]) + w.commit([3, 2]) + w.commit([3, 2]) + w.commit([3, 2])
+    checkpoint = commit_log.read_checkpoint(w.channel.folder)
+    assert checkpoint is not None
+    kept = {p.name for p in segments.iterdir()}
+    # The last two checkpoints' segments only: a reader of the one before may still read them.
+    assert len(kept) <= len(checkpoint.segments) + 1
+    assert {s["name"] for s in checkpoint.segments} <= kept
+    assert sorted(rows(tmp_path)) == written
 
 
 def test_a_replayed_batch_is_a_no_op_after_a_checkpoint_and_after_retention(

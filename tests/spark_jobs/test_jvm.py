@@ -7,6 +7,7 @@ name and the Spark version, before it fails somewhere in a live stage.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -61,6 +62,28 @@ def test_standalone_jvm_parses_a_trigger_without_a_session() -> None:
     with accessor("standalone_jvm"), jvm.standalone_jvm() as view:
         trigger = view.org.apache.spark.sql.streaming.Trigger.ProcessingTime("2 seconds")
         assert int(trigger.intervalMs()) == 2000
+
+
+@pytest.mark.integration
+def test_driver_memory_after_a_collection_is_what_is_held(spark: SparkSession) -> None:
+    mb = 2**20
+    with accessor("driver_memory"):
+        builder = jvm.jvm(spark).java.lang.StringBuilder
+        before = jvm.driver_memory(spark, collect=True)
+        held = builder(96 * mb)  # a 96 MB array, held while its proxy lives
+        for _ in range(4):  # twice as much again, garbage once py4j lets go of its proxies
+            builder(48 * mb).capacity()
+        deadline = time.monotonic() + 30  # py4j releases dropped proxies on a thread of its own
+        after = jvm.driver_memory(spark, collect=True)
+        while after.heap_used > before.heap_used + 160 * mb and time.monotonic() < deadline:
+            time.sleep(0.5)
+            after = jvm.driver_memory(spark, collect=True)
+        assert 0 < after.heap_used <= after.heap_committed <= after.heap_max
+        assert before.heap_used + 80 * mb < after.heap_used < before.heap_used + 160 * mb
+        assert held.capacity() == 96 * mb
+        assert after.non_heap_used > 0
+        if Path("/proc/self").exists():  # Linux: the pid is the JVM's, its RSS readable
+            assert "java" in Path(f"/proc/{after.pid}/cmdline").read_text()
 
 
 @pytest.mark.integration

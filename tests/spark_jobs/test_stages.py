@@ -20,6 +20,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StructField, StructType
 
 from flow.config import StackConfig
 from flow.errors import ConfigError, DeadLetterBudgetError
@@ -59,7 +60,13 @@ from spark_jobs.live.run import IN_PLAN
 from spark_jobs.live.supervise import StreamFailedError
 from spark_jobs.report import StageReport
 from spark_jobs.rows import dead_letter_table, training_table
-from spark_jobs.sinks import BatchLedger, append_once, writer_totals
+from spark_jobs.sinks import (
+    LEDGER_PROPERTIES,
+    BatchLedger,
+    append_once,
+    ensure_table,
+    writer_totals,
+)
 from spark_jobs.validate import parse_kafka
 from tests.support import handoff_rows
 
@@ -466,6 +473,37 @@ def test_a_replayed_batch_commits_nothing(spark: SparkSession, world: Lake) -> N
     assert ledger.append(batch, 8, {"flow.n": 3})
     assert spark.table(table).count() == 9
     assert writer_totals(spark, table, "w1")["flow.n"] == 6
+
+
+def test_a_ledger_keeps_its_last_metadata_files_and_an_old_one_is_given_the_setting(
+    spark: SparkSession, world: Lake
+) -> None:
+    # A ledger commits every micro-batch; Iceberg keeps every metadata.json unless told.
+    keep = {"write.metadata.delete-after-commit.enabled": "true",
+            "write.metadata.previous-versions-max": "2"}  # fmt: skip
+    assert set(keep) == set(LEDGER_PROPERTIES)
+    schema = StructType([StructField("a", LongType())])
+    catalog = open_catalog(world.stack.catalog)
+    batch = spark.range(1).withColumnRenamed("id", "a")
+
+    def metadata_files(name: str) -> int:
+        where = catalog.load_table(f"{world.ns}.{name}").location().removeprefix("file://")
+        return len(list(Path(where, "metadata").glob("*.metadata.json")))
+
+    for name, made_before in (("new_ledger", False), ("old_ledger", True)):
+        table = f"{world.stack.catalog.name}.{world.ns}.{name}"
+        if made_before:  # a table of an earlier version: made without the setting
+            ensure_table(spark, table, schema)
+        ensure_table(spark, table, schema, properties=keep)
+        ledger = BatchLedger(spark, table, "w1")
+        for batch_id in range(6):
+            ledger.append(batch, batch_id, few=True)
+        assert metadata_files(name) <= 3, name  # the current one and the last two
+        assert writer_totals(spark, table, "w1")["commits"] == 6  # every snapshot is kept
+    # A value set on the table is the table's: never changed.
+    ensure_table(spark, table, schema, properties={"write.metadata.previous-versions-max": "9"})
+    shown = spark.sql(f"SHOW TBLPROPERTIES {table}").collect()
+    assert {r["key"]: r["value"] for r in shown}["write.metadata.previous-versions-max"] == "2"
 
 
 def _two_impressions_a_bad_record_and_a_click(world: Lake) -> None:
