@@ -40,7 +40,8 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "array<string>": pa.list_(pa.string()),
     "array<long>": pa.list_(pa.int64()),
 }
-"""Each Field type as the raw column the Python transform reads (what Spark's types map to)."""
+"""Each Field type as an Arrow type: the raw column the Python transform reads (what Spark's types
+map to), and what own data is loaded as (flow.workflows.ingest)."""
 
 EXAMPLE_ROWS = 2
 """Raw rows a stage records for the input example."""
