@@ -39,7 +39,11 @@ from typing import Any
 
 from flow.config import StackConfig
 from flow.console import console
-from flow.workflows.demo import DemoSize, run_demo, summarize
+from flow.handoff import Channel
+from flow.insight.freshness import BatchTimes, channel_freshness
+from flow.storage import namespace_locations
+from flow.workflows.demo import DemoSize, run_demo
+from flow.workflows.demo_summary import summarize
 
 NEEDS_SPARK = False  # it submits its own Spark job, as `flow run` does
 NAMESPACE = "freshness"
@@ -74,6 +78,43 @@ def _stage_lag(stack: StackConfig, parent: str) -> dict[str, float]:
         if name == "batch_ms":
             found["batches"] = float(len(values))
     return found
+
+
+def _batch_times(stack: StackConfig, parent: str) -> dict[int, BatchTimes]:
+    """Each live micro-batch's start and planning time, by batch id, from the stage's run."""
+    found_run = _child_run(stack, parent, "live")
+    if found_run is None:
+        return {}
+    client, run = found_run
+    started = {m.step: m.value for m in client.get_metric_history(run, "batch_started_s")}
+    planning = {m.step: m.value for m in client.get_metric_history(run, "batch_planning_ms")}
+    return {
+        step: BatchTimes(started_s=at, planning_s=planning.get(step, 0.0) / 1000)
+        for step, at in started.items()
+    }
+
+
+def breakdown(stack: StackConfig, parent: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """Where an impression's seconds go, produced -> trained, by leg (issue 47's step 1).
+
+    Per row from the live channel and the stage's batch times: waiting for the batch that
+    reads it, the batch's planning, its jobs and commit. The trainer's leg (its poll, the
+    read, the shuffle window, the step) is the difference of produced -> trained's quantile
+    and produced -> committed's: the trainer records one produced time per training batch
+    (its median), not per row, so this leg is not measured per row."""
+    handoff = namespace_locations(stack, NAMESPACE).handoff.uri
+    if not Channel(handoff, "live").exists():
+        return {}
+    found = channel_freshness(handoff, "live", batches=_batch_times(stack, parent))
+    legs: dict[str, Any] = dict(found.legs)
+    trained = summary["freshness"]["produced_to_trained"]
+    committed = found.produced_to_committed
+    legs["committed_to_trained"] = {
+        q: trained[q] - committed[q]
+        for q in ("p50", "p99")
+        if trained.get(q) is not None and q in committed
+    }
+    return legs
 
 
 def _series(stack: StackConfig, parent: str) -> list[list[float]]:
@@ -167,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     parent = run_demo(stack, size, spark, say, namespace=NAMESPACE)
     summary = summarize(stack, parent, namespace=NAMESPACE)
     summary["stage_lag"] = _stage_lag(stack, parent)
+    summary["breakdown"] = breakdown(stack, parent, summary)
     summary["args"] = vars(args)
     series = _series(stack, parent)
     summary["produced_to_trained_series"] = series
@@ -212,6 +254,21 @@ def _show(summary: dict[str, Any]) -> None:
     out.print(f"  reproduce: {_command(summary['args'])}", highlight=False, soft_wrap=True)
     for label, value in rows:
         out.print(f"  {label:48} {value}", highlight=False)
+    legs = summary.get("breakdown") or {}
+    if legs:
+        out.print("  [bold]produced -> trained by leg[/] (seconds, p50 / p99)")
+        for name, label in LEGS:
+            if name in legs:
+                out.print(f"    {label:46} {q(legs[name])}", highlight=False)
+
+
+LEGS = (
+    ("waiting", "waiting for the micro-batch that reads it"),
+    ("planning", "the batch's planning (offsets, plan, WAL)"),
+    ("jobs_and_commit", "the batch's jobs and the commit"),
+    ("committed_to_trained", "committed -> trained (poll, read, step)*"),
+)
+"""The breakdown's legs, in order (``*``: a difference of quantiles, see breakdown)."""
 
 
 def _command(args: dict[str, Any]) -> str:

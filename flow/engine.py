@@ -81,6 +81,9 @@ class RunOptions:
     max_restarts: int = 10
     """Live stages: how many times a failed query is started again from its checkpoint (with
     backoff from 2 s to a minute: ten restarts ride out about six minutes of outage)."""
+    summary: bool = True
+    """Print the stages' table when the run ends (``--no-summary``: not, for a caller that
+    prints its own, as ``flow demo`` does; MLflow has the counts either way)."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:

@@ -23,6 +23,8 @@ from flow.handoff import Channel
 from flow.pipeline.model import BackfillStage, Enrich, HandoffOutput, LabelJoin, Pipeline
 from flow.pipeline.sources import PRODUCED_AT, DeltaSource, IcebergSource, TableSource
 from flow.pipeline.state import FeatureState
+from flow.transform import FeatureTransform
+from flow.transform.serving import EXAMPLE_ROWS
 from spark_jobs.features import fit_state, training_rows
 from spark_jobs.handoff import export
 from spark_jobs.joins import dimension_side, label_batch
@@ -33,6 +35,7 @@ from spark_jobs.rows import (
     channel_for,
     export_options,
     missing,
+    serving_features,
     split_unusable,
     training_table,
     unusable_reason,
@@ -104,7 +107,7 @@ class BackfillRun(StageRun[BackfillStage]):
         self.ensure_namespace()
         training = training_rows(usable, self.stage.features, state)
         if isinstance(self.pipeline.output, HandoffOutput):
-            self.to_handoff(training, state)
+            self.to_handoff(training, state, usable)
         else:
             self.to_table(training)
         self.write_dead_letters()
@@ -233,8 +236,9 @@ class BackfillRun(StageRun[BackfillStage]):
         self.report.feature_state = state.version
         return state
 
-    def to_handoff(self, training: DataFrame, state: FeatureState) -> None:
-        """Commit the stage's rows to its channel, once per set of source snapshots."""
+    def to_handoff(self, training: DataFrame, state: FeatureState, usable: DataFrame) -> None:
+        """Commit the stage's rows to its channel, once per set of source snapshots; a new
+        channel records the features with two of ``usable``'s rows as raw examples."""
         channel = channel_for(self.stack, self.pipeline, self.stage.channel)
         self.report.table = channel.folder.uri
         positions = dict(self.report.lineage)
@@ -246,11 +250,12 @@ class BackfillRun(StageRun[BackfillStage]):
         label = self.stage.label
         options = export_options(
             self.pipeline,
-            self.stage.features,
+            self.stage,
             state,
             self.events.event_time,
             seed=batch_id,
             labels=label.channel_labels(streaming=False) if label else None,
+            features=None if channel.exists() else self._features(state, usable),
         )
         commit = export(
             training,
@@ -269,6 +274,17 @@ class BackfillRun(StageRun[BackfillStage]):
         if commit is not None:
             self.report.training_rows = commit.rows
             self.report.positives = count
+
+    def _features(self, state: FeatureState, usable: DataFrame) -> dict[str, object]:
+        """What the new channel records of its features, with two raw rows as examples: rows
+        without nulls where there are such (a served model's input example, which MLflow types
+        by its values), read from ``usable``'s cache (``positives`` has just filled it)."""
+        inputs = FeatureTransform(self.stage.features, state).inputs
+        rows = usable.select(*inputs)
+        example = rows.dropna().limit(EXAMPLE_ROWS).toArrow()
+        if example.num_rows == 0:
+            example = rows.limit(EXAMPLE_ROWS).toArrow()
+        return serving_features(self.pipeline, self.stage, state, example)
 
     def _next_batch(self, channel: Channel, positions: dict[str, Any]) -> int | None:
         """The batch id to commit these snapshots as; None if a commit of them exists already.

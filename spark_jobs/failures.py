@@ -77,6 +77,14 @@ _DENIED_CLASSES = frozenset(
         "AuthenticationException",
     }
 )
+# Spark refusing a checkpoint's state as another query's: the query's shape changed (a pipeline
+# edit, or a label join made outer: docs/pipelines.md). Its classes, and the error conditions
+# that name them in a query's text (where the class is not printed).
+_STATE_CHANGED = {
+    "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE": "StateStoreKeySchemaNotCompatible",
+    "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE": "StateStoreValueSchemaNotCompatible",
+}
+_STATE_CONDITION = re.compile(rf"\[({'|'.join(_STATE_CHANGED)})\]\s*(?P<message>.*)")
 # Java's IOException has no errno: the operating system's message is all it keeps.
 _JAVA_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
 _JAVA_DENIED_TEXT = ("Permission denied", "Read-only file system")
@@ -113,7 +121,8 @@ class Cause:
 
     @property
     def kind(self) -> str:
-        """``disk full``, ``permission denied``, ``pipeline error``, or ``transient``."""
+        """``disk full``, ``permission denied``, ``pipeline error``, ``checkpoint of another
+        query``, or ``transient``."""
         if self.errno in _FULL or (
             self.short_name.endswith(("IOException", "FileSystemException"))
             and any(text in self.message for text in _JAVA_FULL_TEXT)
@@ -130,6 +139,8 @@ class Cause:
             return "permission denied"
         if self.short_name in _PIPELINE_ERRORS:
             return "pipeline error"
+        if self.short_name in _STATE_CHANGED.values():
+            return "checkpoint of another query"
         return "transient"
 
     @property
@@ -151,6 +162,11 @@ class Cause:
             "permission denied": "give this user write access there, or point the stage at a "
             "location it may write",
             "pipeline error": "correct the pipeline or its data layout as the error says",
+            "checkpoint of another query": "the stage's checkpoint holds the state of a query "
+            "of another shape (its pipeline changed, or it was made before 2026-11-28, when a "
+            "label join became an outer join) and Spark cannot resume it: undo the change, or "
+            "start the stage on a new checkpoint (docs/pipelines.md, 'A checkpoint of another "
+            "query')",
         }.get(self.kind, "")
 
     def __str__(self) -> str:
@@ -166,6 +182,9 @@ def _of_text(text: str) -> Iterator[Cause]:
     """Every ``Class: message`` line of a printed exception (Java's ``Caused by:`` chains and
     Python's tracebacks, a task's traceback inside a Java message included), in text order."""
     for line in text.splitlines():
+        changed = _STATE_CONDITION.search(line)
+        if changed is not None:
+            yield Cause(_STATE_CHANGED[changed.group(1)], changed["message"].strip()[:400])
         found = [m for m in [_AT_START.match(line)] if m is not None]
         start = found[0].end("name") if found else 0
         found += [m for m in _INSIDE.finditer(line) if m.start() >= start]

@@ -87,11 +87,16 @@ class ExportOptions:
     max_unconsumed_bytes: int | None = None
     labels: Mapping[str, str] | None = None
     """How the rows were labelled (ChannelMeta.labels)."""
+    units: Mapping[str, Mapping[str, Any]] | None = None
+    """How the dense values map back to raw units (ChannelMeta.units)."""
     tasks: int | None = None
     """Writer tasks (default: min(buckets, 2 x Spark's parallelism))."""
     label_sum: str | None = None
     """A label column the writer tasks sum as they write: the commit's ``positives`` stat,
     without a Spark job of its own (binary labels: the positive rows)."""
+    features: Mapping[str, Any] | None = None
+    """What made the rows, for a model serving on raw events (flow.transform.ServingFeatures as
+    plain data): recorded when the channel is created."""
 
 
 def _array_lengths(df: DataFrame) -> dict[str, int]:
@@ -317,6 +322,8 @@ def open_channel(channel: Channel, schema: pa.Schema, options: ExportOptions) ->
         feature_state=options.feature_state,
         max_unconsumed_bytes=options.max_unconsumed_bytes,
         labels=options.labels,
+        units=options.units,
+        features=options.features,
     )
     channel.reopen()
     return meta

@@ -19,7 +19,7 @@ from flow.pipeline.model import HandoffOutput, LiveStage, Pipeline
 from flow.pipeline.state import FeatureState
 from flow.storage import Location
 from spark_jobs.handoff import ExportOptions, prepare_export
-from spark_jobs.rows import channel_for, export_options, training_table
+from spark_jobs.rows import channel_for, export_options, serving_features, training_table
 from spark_jobs.sinks import BatchLedger, writer_totals
 from spark_jobs.stage import positives
 
@@ -75,6 +75,9 @@ class HandoffSink:
         self.pipeline, self.stage, self.state = pipeline, stage, state
         self.event_time = event_time
         self.checkpoint = checkpoint
+        # Once, not per micro-batch: the state's vocabularies can be large. No example rows: a
+        # live stage's raw rows exist only inside the streaming plan.
+        self.features = serving_features(pipeline, stage, state)
         mine = [b for b in self._ids() if self.channel.commit(b).writer == writer]
         self.last = max(mine) if mine else -1
 
@@ -89,12 +92,13 @@ class HandoffSink:
         label = self.stage.label
         return export_options(
             self.pipeline,
-            self.stage.features,
+            self.stage,
             self.state,
             self.event_time,
             seed=seed,
             labels=label.channel_labels(streaming=True) if label else None,
             count_positives=True,  # by the tasks that write the shards: no job of its own
+            features=self.features,
         )
 
     def source_positions(self, batch_id: int) -> dict[str, Any]:

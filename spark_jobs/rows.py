@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from flow.config import StackConfig
 from flow.handoff import Channel
 from flow.pipeline.features import FeatureSpec
-from flow.pipeline.model import Enrich, HandoffOutput, Pipeline
-from flow.pipeline.state import FeatureState, layout
+from flow.pipeline.model import Enrich, HandoffOutput, Pipeline, Stage
+from flow.pipeline.state import FeatureState, layout, raw_units
 from flow.storage import namespace_locations
+from flow.transform.serving import ServingFeatures
 from spark_jobs.handoff import ExportOptions
 from spark_jobs.joins import FOUND_PREFIX, enrichment_names, found_column
 from spark_jobs.validate import REASON
@@ -23,6 +25,7 @@ __all__ = [
     "dead_letter_table",
     "export_options",
     "missing",
+    "serving_features",
     "split_unusable",
     "training_table",
     "unusable_letters",
@@ -50,19 +53,22 @@ def channel_for(stack: StackConfig, pipeline: Pipeline, channel: str) -> Channel
 
 def export_options(
     pipeline: Pipeline,
-    spec: FeatureSpec,
+    stage: Stage,
     state: FeatureState,
     event_time: str | None,
     seed: int,
     labels: Mapping[str, str] | None = None,
     count_positives: bool = False,
+    features: Mapping[str, object] | None = None,
 ) -> ExportOptions:
     """How a stage's training rows become shards: the pipeline's output, the spec's layout and
     how its rows were ``labels``-ed (LabelJoin.channel_labels); ``count_positives``: the writer
-    tasks count the positive labels for the commit's stats."""
+    tasks count the positive labels for the commit's stats; ``features``: what a new channel
+    records of them for serving (:func:`serving_features`)."""
     output = pipeline.output
     if not isinstance(output, HandoffOutput):
         raise TypeError("the pipeline writes Iceberg tables, not the handoff")
+    spec = stage.features
     rows = layout(spec, state)
     sizes = {"dense": len(rows.dense), "sparse": len(rows.sparse)}
     sizes |= {f"seq_{name}": length for name, _, length in rows.sequences}
@@ -78,10 +84,20 @@ def export_options(
         fixed_sizes={k: v for k, v in sizes.items() if v > 0},
         layout=rows.to_dict(),
         feature_state=state.version,
+        units=raw_units(spec, state),
         max_unconsumed_bytes=output.max_unconsumed_bytes,
         labels=labels,
         label_sum="label" if count_positives else None,
+        features=features,
     )
+
+
+def serving_features(
+    pipeline: Pipeline, stage: Stage, state: FeatureState, example: pa.Table | None = None
+) -> dict[str, object]:
+    """``stage``'s features as a served model applies them (flow.transform.ServingFeatures, as
+    plain data), with up to two of ``example``'s rows as raw examples."""
+    return ServingFeatures.for_stage(pipeline, stage.name, state, example).to_dict()
 
 
 def _shown(column: Column) -> Column:

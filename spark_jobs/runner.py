@@ -87,7 +87,7 @@ def _summary(reports: list[StageReport]) -> None:
         "dead letters",
         "pending",
         "positives",
-        "s",
+        "seconds",
         "counts",
     ):
         table.add_column(column, justify="right" if column not in ("stage", "counts") else "left")
@@ -184,7 +184,8 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
                 reports.append(report)
         parent.log_dict([dataclasses.asdict(r) for r in reports], "counts.json")
         parent.log_metrics({"reconciled": float(all(r.reconciled for r in reports))})
-    _summary(reports)
+    if options.summary:
+        _summary(reports)
     run_id = getattr(parent, "run_id", None)
     if isinstance(tracker, MlflowTracker) and run_id:  # what `flow insight RUN_ID` takes
         _say(f"MLflow run {run_id}: {tracker.runs_url(run_id)}")

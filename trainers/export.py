@@ -11,6 +11,8 @@ the click probability. Serving code therefore applies the same feature state as 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from flow.pipeline.state import Layout
 from flow.training import ModelConfig
 from trainers.models import CTRModel, build_model
 
-__all__ = ["CTRPredictor", "batch_from_frame", "example_frame", "save_model"]
+__all__ = ["CTRPredictor", "batch_from_frame", "example_frame", "one_thread", "save_model"]
 
 
 def example_frame(layout: Layout, rows: int = 2) -> pd.DataFrame:
@@ -59,6 +61,23 @@ def batch_from_frame(frame: pd.DataFrame, layout: Layout) -> dict[str, torch.Ten
     return batch
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch's operators on one thread while the block runs (the count is global to the
+    process: restored after). A request's rows are too few to share out: waking a second thread
+    for each operator cost more than the work, 5 ms against 4 us for a one-row embedding bag on
+    a busy two-core machine, and 1.0 ms against 0.03 ms for a hundred rows."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _mlflow_pyfunc() -> Any:
     import mlflow.pyfunc
 
@@ -80,7 +99,7 @@ class CTRPredictor(_mlflow_pyfunc().PythonModel):  # type: ignore[misc]
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> np.ndarray:
         """Click probabilities of ``model_input``'s rows."""
-        with torch.no_grad():
+        with torch.no_grad(), one_thread():
             logits = self.model(batch_from_frame(model_input, self.layout))
         result: np.ndarray = torch.sigmoid(logits.float()).numpy()
         return result

@@ -4,6 +4,7 @@ over its channels (one, mixed by weight, or in order), the held-out buckets, the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -17,11 +18,13 @@ from flow.errors import ConfigError
 from flow.handoff import Channel, ChannelReader, MixedReader, ReadOptions, World
 from flow.pipeline.state import Layout
 from flow.training import TrainConfig
+from flow.transform.serving import ServingFeatures
 from trainers.lazy import LazyReader
 
 __all__ = [
     "columns_of",
     "device_for",
+    "features_of",
     "holdout",
     "layout_of",
     "needed_now",
@@ -141,6 +144,41 @@ def layout_of(config: TrainConfig) -> Layout:
             "one feature spec and feature state"
         )
     return Layout.from_dict(next(iter(layouts.values())))
+
+
+def features_of(handoff: str, channels: tuple[str, ...]) -> tuple[ServingFeatures | None, str]:
+    """What the stages of ``channels`` (those that exist) recorded of their features (the
+    first's, with the first example rows any holds), for a model serving on raw events; or
+    None and why not.
+
+    Channels of one layout agree on the spec and state (:func:`layout_of`), unless one was
+    written with another state of the same sizes: that is refused here, since a served model
+    applies one state."""
+    found: dict[str, ServingFeatures] = {}
+    for name in channels:
+        channel = Channel(handoff, name)
+        if not channel.exists():
+            continue  # a channel read later that never came: nothing of it was trained on
+        plain = channel.features()
+        if plain is None:
+            return None, (
+                f"channel {name!r} records no features (it was written before channels did, or "
+                "not by a pipeline stage)"
+            )
+        found[name] = ServingFeatures.from_dict(plain)
+    if not found:
+        return None, "none of the channels exists"
+    first = next(iter(found.values()))
+    versions = {n: f.state.version for n, f in found.items()}
+    if len(set(versions.values())) > 1:
+        raise ConfigError(
+            f"channels were written with different feature states ({versions}); a served model "
+            "applies one: train on channels of one feature state"
+        )
+    if not first.servable:
+        return None, "; ".join(first.outside_spark)
+    example = next((f.example for f in found.values() if f.example), ())
+    return dataclasses.replace(first, example=example), ""
 
 
 def columns_of(layout: Layout) -> list[str]:

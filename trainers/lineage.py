@@ -28,9 +28,10 @@ def _last_read(cursor: Mapping[str, Any], channel: str) -> int:
 
 
 def commits_read(
-    handoff: str, channels: tuple[str, ...], cursor: Mapping[str, Any]
+    handoff: str, channels: tuple[str, ...], cursor: Mapping[str, Any], after: int = -1
 ) -> dict[str, list[dict[str, Any]]]:
-    """Per channel: the commits up to the cursor (batch id, rows, bytes, sources, times)."""
+    """Per channel: the commits after batch ``after`` (an incremental run's ``after_commit``)
+    up to the cursor (batch id, rows, bytes, sources, times)."""
     found: dict[str, list[dict[str, Any]]] = {}
     for name in channels:
         channel = Channel(handoff, name)
@@ -44,7 +45,7 @@ def commits_read(
                 "event_time": commit.event_time,
                 "committed_at": commit.committed_at,
             }
-            for commit in (channel.commit(b) for b in channel.commit_ids() if b <= upto)
+            for commit in (channel.commit(b) for b in channel.commit_ids() if after < b <= upto)
         ]
     return found
 
@@ -72,11 +73,13 @@ def log_lineage(
     *,
     layout: Mapping[str, Any],
     step: int,
-) -> None:
-    """The commits read, their sources as tags, the rows' schema and layout as artifacts."""
-    commits = commits_read(config.location, config.channels, cursor)
+) -> dict[str, str]:
+    """The commits read, their sources as tags, the rows' schema and layout as artifacts; the
+    tags."""
+    commits = commits_read(config.location, config.channels, cursor, config.after_commit)
     run.log_dict(commits, "handoff_commits.json")
-    run.set_tags(lineage_tags(commits))
+    tags = lineage_tags(commits)
+    run.set_tags(tags)
     reader = ChannelReader(config.location, config.channels[0])
     run.log_dict({f.name: str(f.type) for f in reader.schema}, "schema.json")
     run.log_dict(dict(layout), "layout.json")
@@ -84,3 +87,4 @@ def log_lineage(
     run.log_metrics(
         {"handoff_commits": len(read), "handoff_bytes": sum(c["bytes"] for c in read)}, step=step
     )
+    return tags

@@ -3,11 +3,13 @@
 The registry alias ``champion`` marks the model version serving traffic. A new version is
 evaluated against the champion on the same held-out rows; it takes the alias only if its AUC is
 not below the champion's by more than ``margin``. Otherwise the champion stays, and the reason
-is recorded on the run.
+is recorded on the run and on the version (``flow.promotion``, ``flow.promotion.reason``),
+beside what the version was trained on (:func:`version_tags`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,16 @@ from flow.pipeline.state import Layout
 from flow.training import ModelConfig
 from trainers.models import CTRModel, build_model
 
-__all__ = ["ALIAS", "Decision", "champion_state", "decide", "load_champion", "promote"]
+__all__ = [
+    "ALIAS",
+    "Decision",
+    "champion_state",
+    "decide",
+    "load_champion",
+    "promote",
+    "tag_version",
+    "version_tags",
+]
 
 ALIAS = "champion"
 
@@ -87,3 +98,33 @@ def promote(name: str, version: str, tracking_uri: str | None) -> None:
     import mlflow
 
     mlflow.MlflowClient(tracking_uri=tracking_uri).set_registered_model_alias(name, ALIAS, version)
+
+
+def version_tags(
+    *,
+    run_id: str,
+    channels: tuple[str, ...],
+    feature_state: str | None,
+    lineage: Mapping[str, str],
+    inputs: str,
+) -> dict[str, str]:
+    """What a model version was trained on: the training run, the feature state, the channels
+    and the commits read of each (``lineage.<channel>.commits`` of trainers.lineage, first..last),
+    and whether it takes ``raw`` event columns or ``features``."""
+    tags = {
+        "flow.run_id": run_id,
+        "flow.feature_state": feature_state or "unknown",
+        "flow.channels": ",".join(channels),
+        "flow.inputs": inputs,
+    }
+    for channel in channels:
+        tags[f"flow.commits.{channel}"] = lineage.get(f"lineage.{channel}.commits", "none")
+    return tags
+
+
+def tag_version(name: str, version: str, tags: Mapping[str, str], tracking_uri: str | None) -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)

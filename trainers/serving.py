@@ -2,19 +2,17 @@
 (numpy, no JVM), then the trained model.
 
 :class:`RawCTRPredictor` is the pyfunc; :func:`save_features` writes what it needs beside the
-model's weights: the feature spec, its fitted state and the Arrow types of the raw columns (a
-pandas frame turns an integer column with a null into floats, whose text Spark would hash
-otherwise). ``log_model(..., features=...)`` logs it with a signature and an
-input example of raw values.
+model's weights (:class:`flow.transform.serving.ServingFeatures`: the spec, its fitted state,
+the raw columns' types and example rows, as the pipeline stage recorded them in its channel).
+``log_model(..., features=...)`` logs it with a signature of raw columns and an input example
+of raw values.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,62 +23,81 @@ import torch
 
 import flow
 import trainers
-from flow.pipeline.features import FeatureSpec, spec_from_dict, spec_to_dict
-from flow.pipeline.schema import Field
-from flow.pipeline.state import FeatureState, Layout
+from flow.errors import ConfigError
+from flow.pipeline.state import Layout
 from flow.transform import FeatureTransform
-from trainers.export import CTRPredictor, example_frame, save_model
+from flow.transform.serving import ServingFeatures
+from trainers.export import CTRPredictor, example_frame, one_thread, save_model
 from trainers.models import CTRModel
 
-__all__ = ["RawCTRPredictor", "ServingFeatures", "log_model", "raw_schema", "save_features"]
-
-_ARROW = {
-    "string": pa.string(),
-    "int": pa.int32(),
-    "long": pa.int64(),
-    "float": pa.float32(),
-    "double": pa.float64(),
-    "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "array<string>": pa.list_(pa.string()),
-    "array<long>": pa.list_(pa.int64()),
-}
-
-
-@dataclass(frozen=True)
-class ServingFeatures:
-    """What a raw-input model carries: the spec, its state, the raw columns' fields (from
-    ``pipeline.columns[stage]``) and a few raw rows for the input example."""
-
-    spec: FeatureSpec
-    state: FeatureState
-    fields: dict[str, Field]
-    example: pd.DataFrame
-
-
-def _inputs(features: ServingFeatures) -> dict[str, str]:
-    """Each raw column the features read, with its Field type."""
-    inputs = FeatureTransform(features.spec, features.state).inputs
-    return {c: features.fields[c].type for c in inputs}
-
-
-def raw_schema(features: ServingFeatures) -> pa.Schema:
-    return _schema(_inputs(features))
-
-
-def _schema(inputs: dict[str, str]) -> pa.Schema:
-    return pa.schema([(c, _ARROW[t]) for c, t in inputs.items()])
+__all__ = [
+    "RawCTRPredictor",
+    "ServingFeatures",
+    "log_model",
+    "raw_signature",
+    "raw_table",
+    "save_features",
+]
 
 
 def save_features(features: ServingFeatures, path: Path) -> Path:
-    """The spec, the state and the raw columns' types as one JSON file."""
-    plain = {
-        "spec": spec_to_dict(features.spec),
-        "state": json.loads(features.state.to_json()),
-        "inputs": _inputs(features),
-    }
-    path.write_text(json.dumps(plain, default=list))
+    """The spec, the state, the raw columns' types and the examples as one JSON file."""
+    path.write_text(features.to_json())
     return path
+
+
+def raw_signature(features: ServingFeatures) -> Any:
+    """The pyfunc's MLflow signature: one column per raw input, a probability per row out.
+
+    Every column is optional in MLflow's sense, which is what lets a value be null (the
+    transform treats a null as the pipeline did); the predictor still wants every column (a
+    missing one is more likely a typo than an unknown value). Numbers and times are ``any``:
+    MLflow refuses an integer for a ``double`` column and a null in a ``long`` one (pandas makes
+    it a float), both of which a raw impression in JSON has; :func:`raw_table` types them and
+    names a value that does not fit."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import DataType
+    from mlflow.types.schema import AnyType, Array, ColSpec, Schema, TensorSpec
+
+    kinds: dict[str, Any] = {
+        "string": DataType.string,
+        "boolean": DataType.boolean,
+        "array<string>": Array(DataType.string),
+        "array<long>": Array(DataType.long),
+    }
+    inputs = Schema(
+        [
+            ColSpec(kinds.get(kind, AnyType()), name, required=False)  # type: ignore[no-untyped-call]
+            for name, kind in features.inputs.items()
+        ]
+    )
+    outputs = Schema([TensorSpec(np.dtype(np.float32), (-1,))])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def raw_table(frame: pd.DataFrame, schema: pa.Schema) -> pa.Table:
+    """``frame``'s raw columns typed as the pipeline read them (a float that is a whole number
+    becomes the integer it stands for; ISO text an instant); a missing column or a value of
+    another type is a ValueError naming the column."""
+    missing = [n for n in schema.names if n not in frame.columns]
+    if missing:
+        raise ValueError(
+            f"input lacks the raw column(s) {', '.join(missing)}; send null for a value that is "
+            "not known"
+        )
+    columns = []
+    for field in schema:
+        series = frame[field.name]
+        try:
+            values = pa.array(series, from_pandas=True)
+            columns.append(values if values.type == field.type else values.cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as error:
+            shown = series.iloc[0] if len(series) else None
+            raise ValueError(
+                f"raw column {field.name!r} holds {series.dtype} values (e.g. {shown!r}), not "
+                f"{field.type}: {error}"
+            ) from error
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 class RawCTRPredictor(CTRPredictor):
@@ -88,36 +105,31 @@ class RawCTRPredictor(CTRPredictor):
 
     def load_context(self, context: Any) -> None:
         super().load_context(context)
-        saved = json.loads(Path(context.artifacts["features"]).read_text())
-        spec = spec_from_dict(saved["spec"])
-        state = FeatureState.from_json(json.dumps(saved["state"]))
-        self.transform = FeatureTransform(spec, state)
-        self.schema = _schema(saved["inputs"])
+        saved = ServingFeatures.from_json(Path(context.artifacts["features"]).read_text())
+        self.prepare(saved)
+
+    def prepare(self, features: ServingFeatures) -> None:
+        self.transform = FeatureTransform(features.spec, features.state)
+        self.schema = features.schema()
 
     def predict(
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> np.ndarray:
         """Click probabilities of ``model_input``'s raw rows."""
-        missing = [n for n in self.schema.names if n not in model_input.columns]
-        if missing:
-            raise ValueError(f"input lacks the raw column(s) {', '.join(missing)}")
-        table = pa.Table.from_pandas(
-            model_input[self.schema.names], schema=self.schema, preserve_index=False
-        )
-        rows = self.transform.apply(table)
+        rows = self.transform.apply(raw_table(model_input, self.schema))
         batch: dict[str, torch.Tensor] = {}
         for column in rows.column_names:
             if column in ("label", "weight"):
                 continue
             values = rows.column(column).combine_chunks()
+            if not pa.types.is_fixed_size_list(values.type):
+                continue  # a block without features (lists of nothing): the model reads none
             width = values.type.list_size
-            if width == 0:
-                continue
             flat = values.flatten().to_numpy(zero_copy_only=False).reshape(len(values), width)
             batch[column] = torch.from_numpy(
                 flat.astype(np.int64 if column != "dense" else np.float32)
             )
-        with torch.no_grad():
+        with torch.no_grad(), one_thread():
             logits = self.model(batch)
         result: np.ndarray = torch.sigmoid(logits.float()).numpy()
         return result
@@ -134,27 +146,40 @@ def log_model(
 ) -> tuple[str, str | None]:
     """Log ``model`` to ``run_id`` as a pyfunc with a signature; its URI and registry version.
 
-    With ``features`` the pyfunc takes raw event columns (trainers.serving.RawCTRPredictor):
-    its signature and input example are of raw values, and the feature state travels with it.
+    With ``features`` the pyfunc takes raw event columns (:class:`RawCTRPredictor`): its
+    signature and input example are of raw values, and the feature state travels with it.
+    Without, it takes the feature columns of ``layout`` (trainers.export.CTRPredictor).
     """
     import mlflow
-    from mlflow.models import infer_signature
 
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
-    example = example_frame(layout) if features is None else features.example
-    predictor = CTRPredictor() if features is None else RawCTRPredictor()
     # A copy on the CPU: the training model stays where it is, in training mode.
-    predictor.layout, predictor.model = layout, copy.deepcopy(model).cpu().eval()
-    cpu_model = predictor.model
-    if features is not None:
-        predictor.transform = FeatureTransform(features.spec, features.state)
-        predictor.schema = raw_schema(features)
-    with warnings.catch_warnings():
-        # MLflow hints that integer columns cannot hold missing values: indices never miss (0
-        # is the null index). Where warnings are errors, that hint would void the signature.
-        warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column")
-        signature = infer_signature(example, predictor.predict(None, example))
+    cpu_model = copy.deepcopy(model).cpu().eval()
+    if features is None:
+        predictor: CTRPredictor = CTRPredictor()
+        example: pd.DataFrame | None = example_frame(layout)
+    else:
+        if not features.servable:
+            raise ConfigError(
+                "the features cannot be applied outside Spark, so a raw-input model would "
+                f"score other values than training saw: {'; '.join(features.outside_spark)}"
+            )
+        predictor = raw = RawCTRPredictor()
+        raw.prepare(features)
+        if raw.transform.layout != layout:
+            raise ConfigError(
+                f"the features the channels recorded (spec {features.spec.name!r}, state "
+                f"{features.state.version}) make another layout than their rows have "
+                f"({raw.transform.layout} against {layout}): the channel was written by "
+                "another version of the pipeline; write it again"
+            )
+        table = features.example_table()
+        example = table.to_pandas() if table.num_rows else None
+    predictor.layout, predictor.model = layout, cpu_model
+    signature = _signature(predictor, example) if features is None else raw_signature(features)
+    if example is not None:
+        predictor.predict(None, example)  # an example the model cannot score fails here
     with tempfile.TemporaryDirectory() as folder:
         path = save_model(cpu_model, layout, Path(folder) / "model.pt")
         artifacts = {"model": str(path)}
@@ -177,3 +202,14 @@ def log_model(
             mlflow.end_run(status="RUNNING")
     version = getattr(info, "registered_model_version", None)
     return str(info.model_uri), str(version) if version is not None else None
+
+
+def _signature(predictor: CTRPredictor, example: pd.DataFrame) -> Any:
+    """The feature-column pyfunc's signature, inferred from its example."""
+    from mlflow.models import infer_signature
+
+    with warnings.catch_warnings():
+        # MLflow hints that integer columns cannot hold missing values: indices never miss (0
+        # is the null index). Where warnings are errors, that hint would void the signature.
+        warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column")
+        return infer_signature(example, predictor.predict(None, example))

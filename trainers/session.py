@@ -40,6 +40,7 @@ from trainers.graphed import GraphedStep
 from trainers.inputs import (
     columns_of,
     device_for,
+    features_of,
     holdout,
     layout_of,
     reader_for,
@@ -54,7 +55,15 @@ from trainers.progressive import ProgressiveScores
 from trainers.promote import champion_state, load_champion
 from trainers.result import TrainResult
 
-__all__ = ["OPTIONAL_COLUMNS", "Session", "TrainResult", "evaluate", "export_model", "fingerprints"]
+__all__ = [
+    "OPTIONAL_COLUMNS",
+    "Exported",
+    "Session",
+    "TrainResult",
+    "evaluate",
+    "export_model",
+    "fingerprints",
+]
 
 OPTIONAL_COLUMNS = ("weight",)
 """Tensor columns a batch has where its channel wrote them: the row weight of the loss."""
@@ -556,7 +565,7 @@ class Session:
         if self.checkpoints and step % config.checkpoint_every == 0:
             self.checkpoints.save(step, self.state(), cursor)
         if config.export_every and step % config.export_every == 0 and self.leader:
-            result.model_uri = export_model(self, run, final=False)[0]
+            result.model_uri = export_model(self, run, final=False).uri
         return config.max_steps is not None and step >= config.max_steps
 
     def _judge(self, run: Run, loop: _Loop) -> bool:
@@ -671,15 +680,32 @@ class _Loop:
     """The step of the last evaluation early stopping judged."""
 
 
-def export_model(session: Session, run: Run, *, final: bool) -> tuple[str, str | None]:
-    """Log the model to MLflow (pyfunc, with a signature) and register it when asked: its URI
-    and registry version."""
+@dataclass(frozen=True)
+class Exported:
+    """A model logged to MLflow: its URI, its registry version (None: not registered) and
+    what it takes, ``raw`` event columns or ``features``."""
+
+    uri: str
+    version: str | None
+    inputs: str
+
+
+def export_model(session: Session, run: Run, *, final: bool) -> Exported:
+    """Log the model to MLflow (pyfunc, with a signature) and register it when asked. It takes
+    raw event columns where the channels recorded their features (trainers.serving), else the
+    feature columns, and the final export says why."""
     from trainers.serving import log_model
 
-    return log_model(
+    config = session.config
+    features, why = features_of(config.location, config.channels)
+    if final and features is None:
+        session.say(f"the model takes feature columns, not raw events: {why}")
+    uri, version = log_model(
         session.model,
         session.layout,
         run.run_id,
         tracking_uri=session.tracking_uri,
-        register_as=session.config.register_as if final else None,
+        register_as=config.register_as if final else None,
+        features=features,
     )
+    return Exported(uri, version, "features" if features is None else "raw")

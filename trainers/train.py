@@ -24,12 +24,13 @@ from typing import Any
 
 import torch.distributed as dist
 
+from flow.handoff import Channel
 from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Tracker
 from flow.training import TrainConfig
 from trainers.lineage import log_lineage
-from trainers.promote import Decision, decide, promote
+from trainers.promote import Decision, decide, promote, tag_version, version_tags
 from trainers.result import TrainResult, final_metrics, freshness_series, summary_lines
-from trainers.session import Session, export_model
+from trainers.session import Exported, Session, export_model
 
 __all__ = ["TrainResult", "final_metrics", "summary_lines", "train"]
 
@@ -76,8 +77,9 @@ def train(
                 )
         for line in summary_lines(result):
             session.say(line)
+        lineage: dict[str, str] = {}
         if session.leader and session.last_cursor is not None:
-            log_lineage(
+            lineage = log_lineage(
                 run,
                 session.config,
                 session.last_cursor,
@@ -88,7 +90,10 @@ def train(
             # The model's run shows every metric before the model appears; a server still down
             # after this wait fails the export below.
             run.flush(FINAL_FLUSH_S)
-            result.model_uri, result.model_version = export_model(session, stage, final=True)
+            exported = export_model(session, stage, final=True)
+            result.model_uri, result.model_version = exported.uri, exported.version
+            if exported.version is not None:
+                _tag_version(session, exported, lineage)
         with (
             tracker.stage("evaluate") as stage_run,
             ResilientRun(stage_run, session.say) as evaluation,
@@ -117,12 +122,38 @@ def _promotion(
     if decision.promote and result.model_version is not None:
         promote(session.config.register_as, result.model_version, session.tracking_uri)
     outcome = "promoted" if decision.promote and result.model_version else "kept"
+    tags = {"flow.promotion": outcome, "flow.promotion.reason": decision.reason}
     for run in runs:
-        run.set_tags({"flow.promotion": outcome, "flow.promotion.reason": decision.reason})
+        run.set_tags(tags)
+    if result.model_version is not None:
+        tag_version(session.config.register_as, result.model_version, tags, session.tracking_uri)
     if old is not None:
         runs[-1].log_metrics({f"champion_{k}": v for k, v in old.items()}, step=result.steps)
     session.say(f"{session.config.register_as}: {outcome} ({decision.reason})")
     return decision
+
+
+def _tag_version(session: Session, exported: Exported, lineage: dict[str, str]) -> None:
+    """The registered version's lineage: run, feature state, channels and commits; and, until
+    a promotion judges it, that none has (``flow.promotion``)."""
+    config = session.config
+    assert config.register_as is not None
+    assert exported.version is not None
+    made = [Channel(config.location, c) for c in config.channels]
+    states = [c.meta().feature_state for c in made if c.exists()]
+    tags = version_tags(
+        run_id=session.run_id or "",
+        channels=config.channels,
+        feature_state=next((s for s in states if s), None),
+        lineage=lineage,
+        inputs=exported.inputs,
+    )
+    if config.promote_margin is None:
+        tags["flow.promotion"] = "not judged"
+        tags["flow.promotion.reason"] = (
+            "trained without --promote-margin: the champion alias moves only for a judged model"
+        )
+    tag_version(config.register_as, exported.version, tags, session.tracking_uri)
 
 
 def _params(config: TrainConfig, session: Session) -> dict[str, Any]:

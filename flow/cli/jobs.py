@@ -20,6 +20,7 @@ from flow.config import StackConfig
 from flow.console import DEBUG_ENV
 from flow.errors import FlowError
 from flow.secrets import redact_argv
+from flow.terminal import Start, call, inherit
 
 __all__ = [
     "bench", "launch", "on_warm_driver", "own_options_first", "run", "spark_args",
@@ -93,23 +94,28 @@ def launch(
     stack: StackConfig,
     extra: dict[str, str] | None = None,
     connectors: frozenset[str] | None = None,
+    start: Start = inherit,
+    say: Callable[[str], None] | None = None,
 ) -> int:
-    """Run ``argv`` through spark-submit with the stack, with only ``connectors`` (None: all)."""
+    """Run ``argv`` through spark-submit with the stack, with only ``connectors`` (None: all).
+    ``start`` starts spark-submit and ``say`` says what is started (default: both on this
+    terminal; flow demo relays them as the lines of its ``spark`` source)."""
     from flow.engine import load_engine
 
+    def dim(message: str) -> None:
+        console.print(f"[dim]{escape(message)}[/]", highlight=False, soft_wrap=True)
+
+    note = say or dim
     launch = load_engine("spark").submit_command(list(argv), stack, connectors)
     if connectors is not None:
         named = ", ".join(sorted(connectors)) or "none"
-        console.print(
-            f"[dim]connectors beside Iceberg: {named} (--connectors all: every jar)[/]",
-            highlight=False,
-        )
-    console.print(f"[dim]$ {escape(_abbreviated(launch.argv))}[/]", highlight=False, soft_wrap=True)
-    for note in launch.notes:
-        console.print(f"[dim]{escape(note)}[/]", highlight=False, soft_wrap=True)
+        note(f"connectors beside Iceberg: {named} (--connectors all: every jar)")
+    note(f"$ {_abbreviated(launch.argv)}")
+    for line in launch.notes:
+        note(line)
     code = 1
     try:
-        code = subprocess.call(launch.argv, env={**os.environ, **launch.env, **(extra or {})})
+        code = call(start, launch.argv, {**os.environ, **launch.env, **(extra or {})})
         return code
     finally:
         # spark-submit reads its properties file when it starts (in cluster mode it ships the
@@ -135,17 +141,22 @@ def _exit(code: int, argv: Sequence[str]) -> NoReturn:
 
 
 def spark_launcher(
-    stack: StackConfig, connectors: str | None = None, warm: bool = False
+    stack: StackConfig,
+    connectors: str | None = None,
+    warm: bool = False,
+    start: Start = inherit,
+    say: Callable[[str], None] | None = None,
 ) -> Callable[[Sequence[str], dict[str, str]], int]:
     """``launch`` on ``stack``, for the commands that start Spark jobs of their own, with
     ``connectors`` (``--connectors``); None: those the job's pipeline needs (all for a file
-    that is not a pipeline file). With ``warm``, a job the warm driver can run goes to it."""
+    that is not a pipeline file). With ``warm``, a job the warm driver can run goes to it.
+    ``start`` and ``say``: see :func:`launch`."""
     from flow.workflows.together import pipeline_connectors
 
     def spark(argv: Sequence[str], extra: dict[str, str]) -> int:
         chosen = pipeline_connectors(argv) if connectors is None else _connectors(connectors)
         code = on_warm_driver(argv, stack, extra, chosen) if warm else None
-        return launch(argv, stack, extra, chosen) if code is None else code
+        return launch(argv, stack, extra, chosen, start, say) if code is None else code
 
     return spark
 

@@ -13,7 +13,7 @@ from typing import Literal
 import click
 from rich.markup import escape
 
-from flow.cli.common import console, friendly, out, progress, stack_config
+from flow.cli.common import console, emit_json, friendly, out, progress, stack_config
 from flow.cli.jobs import spark_launcher
 from flow.cli.local import stack_up
 from flow.errors import FlowError
@@ -46,7 +46,12 @@ __all__ = ["demo", "insight", "retrain", "schedule"]
     help="When the live stage emits an impression: at once (and again with its click), or "
     "once its label window has passed.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Also print the summary as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="The figures as JSON on stdout (the summary a person reads goes to stderr then).",
+)
 @friendly
 def demo(
     days: int,
@@ -60,11 +65,21 @@ def demo(
     as_json: bool,
 ) -> None:
     """The whole product end to end: data, backfill and live stages on a real-time stream, a
-    trainer, a summary."""
-    from flow.workflows.demo import DemoSize, run_demo, show, summarize
+    trainer, a summary.
+
+    While it runs, each part's lines are prefixed with its name (services, demo, generator,
+    spark, trainer), a line comes at least every 10 s, and every line also goes to a log file
+    (known noise only there). At the end, on stdout: one table of the stages and the model on
+    their rows, a legend of its figures, and where everything else is. With --json, that goes
+    to stderr and the figures as JSON to stdout.
+    """
+    from flow.insight import run_insight
+    from flow.terminal import Terminal, Ticker, elapsed
+    from flow.workflows.demo import NAMESPACE, DemoSize, DemoStatus, log_path, run_demo
+    from flow.workflows.demo_summary import show, summarize
+    from flow.workflows.together import result_file
 
     started = time.monotonic()
-    stack = stack_up()
     size = DemoSize(
         days=days,
         per_day=per_day,
@@ -75,19 +90,41 @@ def demo(
         per_batch=per_batch,
         labels=labels,
     )
-    parent = run_demo(stack, size, spark_launcher(stack), progress)
-    summary = summarize(stack, parent)
-    show(summary, console)
-    console.print(f"  reproduce: {escape(size.command())}", highlight=False, soft_wrap=True)
-    from flow.insight import run_insight
-
-    for made in run_insight(stack, parent):
-        first = made.insight.findings[0]
-        console.print(f"  insight, {escape(made.name)}: {escape(first)}", highlight=False)
+    log = log_path(stack_config())
+    with log.open("w") as written:
+        terminal = Terminal(console, written)
+        status = DemoStatus(stack_config(), NAMESPACE)
+        terminal.line("demo", f"every process's output, in full: {log}")
+        with Ticker(terminal, status):
+            status.phase = "starting the local services"
+            stack = stack_up(say=terminal.say_as("services"))
+            spark = spark_launcher(
+                stack, start=terminal.start_as("spark"), say=terminal.say_as("spark")
+            )
+            parent = run_demo(
+                stack, size, spark, terminal.say_as("demo"), terminal=terminal, status=status
+            )
+            status.following = False
+            status.phase = "reading the figures back from MLflow"
+            summary = summarize(stack, parent)
+            status.phase = "profiling the training rows (flow insight)"
+            insights = run_insight(stack, parent)
+    summary["trainer_result"] = str(result_file(stack, parent))
+    summary["log"] = str(log)
+    pointers = [
+        ("MLflow", summary["ui"]),
+        ("model", "registered as ctr-demo"),
+        ("trainer's result", summary["trainer_result"]),
+        ("log", summary["log"]),
+    ]
+    pointers += [("", f"only in the log: {said}") for said in terminal.noise_said()]
+    for made in insights:
+        pointers.append((f"insight, {made.name}", made.insight.findings[0]))
         summary[f"insight_{made.name}"] = made.insight.findings
-    console.print(f"done in {time.monotonic() - started:.0f}s")
+    pointers += [("reproduce", size.command()), ("done in", elapsed(time.monotonic() - started))]
+    show(summary, console if as_json else out, pointers)
     if as_json:
-        click.echo(json.dumps(summary))
+        emit_json(summary)
 
 
 @click.command()

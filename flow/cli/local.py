@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import webbrowser
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -157,14 +157,14 @@ def jars_list(profile: str) -> None:
         click.echo(str(jar))
 
 
-def stack_up(only: tuple[str, ...] = ()) -> StackConfig:
-    """The local stack, brought up (``only`` those services; default all); a FlowError naming
-    the services that are not healthy. Services configured as external are checked, never
-    started."""
+def stack_up(only: tuple[str, ...] = (), say: Callable[[str], None] = progress) -> StackConfig:
+    """The local stack, brought up (``only`` those services; default all), saying so through
+    ``say``; a FlowError naming the services that are not healthy. Services configured as
+    external are checked, never started."""
     from flow import stack as svc
 
     stack = stack_config()
-    rows = svc.up(stack, only, progress=progress)
+    rows = svc.up(stack, only, progress=say)
     unhealthy = [r for r in rows if not r.healthy]
     if unhealthy:
         console.print(status_table(rows))

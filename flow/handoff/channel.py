@@ -20,6 +20,7 @@ from flow.handoff.format import (
     CLOSED_FILE,
     COMMITS,
     CONSUMERS,
+    FEATURES_FILE,
     FORMAT_VERSION,
     SHARDS,
     WRITERS,
@@ -122,6 +123,15 @@ class Channel:
             self._meta = ChannelMeta.from_json(self.folder.read_bytes(CHANNEL_FILE).decode())
         return self._meta
 
+    def features(self) -> dict[str, Any] | None:
+        """What the stage that created the channel recorded of its features (spec, fitted
+        state, raw input types, example rows: ``flow.transform.ServingFeatures`` as plain
+        data); None for a channel created without it."""
+        if not self.folder.exists(FEATURES_FILE):
+            return None
+        found: dict[str, Any] = json.loads(self.folder.read_bytes(FEATURES_FILE))
+        return found
+
     @property
     def log(self) -> CommitLog:
         """This channel's commit log as this process sees it (:mod:`flow.handoff.log`);
@@ -212,8 +222,13 @@ class Channel:
         feature_state: str | None = None,
         max_unconsumed_bytes: int | None = None,
         labels: Mapping[str, str] | None = None,
+        units: Mapping[str, Mapping[str, Any]] | None = None,
+        features: Mapping[str, Any] | None = None,
     ) -> ChannelMeta:
-        """Create the channel, or check that the existing one has this schema and bucket count."""
+        """Create the channel, or check that the existing one has this schema and bucket count.
+
+        ``features`` (plain data, see :meth:`features`) is written with a new channel only: like
+        the layout, it belongs to the rows' schema and state, which the channel keeps."""
         if self.exists():
             meta = self.meta()
             if not meta.schema.remove_metadata().equals(schema.remove_metadata()):
@@ -244,7 +259,11 @@ class Channel:
             feature_state=feature_state,
             max_unconsumed_bytes=max_unconsumed_bytes,
             labels=dict(labels) if labels else None,
+            units={k: dict(v) for k, v in units.items()} if units else None,
         )
+        if features is not None:
+            # Before the channel file: a channel that exists has its features already.
+            self.folder.write_bytes(FEATURES_FILE, json.dumps(features, indent=1).encode())
         self.folder.write_bytes(CHANNEL_FILE, meta.to_json().encode())
         self._meta = meta
         return meta

@@ -42,6 +42,9 @@ __all__ = [
 FORMAT_VERSION = 2
 """2: commits are numbered per writer (``seq``, ``previous``, ``total_rows``; writers' heads)."""
 CHANNEL_FILE = "_channel.json"
+FEATURES_FILE = "_features.json"
+"""What made the channel's rows, for a model serving on raw events (written before CHANNEL_FILE;
+flow.transform.ServingFeatures reads it, the handoff never does)."""
 CLOSED_FILE = "_closed"
 COMMITS = "commits"
 SHARDS = "shards"
@@ -175,6 +178,11 @@ class ChannelMeta:
     """The feature layout (flow.pipeline.Layout.to_dict()): how a trainer sizes its model."""
     feature_state: str | None = None
     """Version of the fitted feature state the rows were made with."""
+    units: dict[str, dict[str, Any]] | None = None
+    """Per dense feature, how its stored values map back to its raw column's units
+    (flow.pipeline.state.raw_units: ``column``, ``mean``, ``std``, ``log``, ``clip``), for
+    statistics a person reads. None: not recorded (a channel written outside a pipeline stage,
+    or before channels recorded it); its values are then reported as stored."""
     max_unconsumed_bytes: int | None = None
     """Backpressure: the writer waits while consumers have more than this left to read."""
     labels: dict[str, str] | None = None

@@ -4,10 +4,17 @@ its production to Kafka) to the commit that made it readable.
 Read from the shards and commit records (pyarrow, no Spark): a row's ``produced_at`` (the Kafka
 record's time, see :data:`flow.pipeline.PRODUCED_AT`) and its event time against its commit's
 ``committed_at``. The trainer measures the last leg, to training, itself (docs/trainers.md).
+
+Given when each micro-batch of the live stage began and how long it planned (:class:`BatchTimes`,
+from the stage's ``batch_started_s`` and ``batch_planning_ms`` metrics, by batch id: a live
+channel's commit has its micro-batch's id), produced -> committed is cut into its legs, per row:
+waiting for the batch that reads it (the trigger, or the batch before still running), the
+batch's planning (offsets, plan, write-ahead log), and its jobs with the commit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -19,7 +26,7 @@ from flow.handoff.channel import Channel
 from flow.handoff.shards import read_shard
 from flow.pipeline.sources import PRODUCED_AT
 
-__all__ = ["Freshness", "channel_freshness", "lag_quantiles"]
+__all__ = ["BatchTimes", "Freshness", "channel_freshness", "lag_quantiles"]
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -43,6 +50,17 @@ class Freshness:
     event_to_committed: dict[str, float] = field(default_factory=dict)
     positives: int = 0
     """Rows labelled 1 (with immediate labels, each also left earlier as a negative)."""
+    legs: dict[str, dict[str, float]] = field(default_factory=dict)
+    """produced -> committed by leg (``waiting``, ``planning``, ``jobs_and_commit``): quantiles
+    over the rows of the commits whose micro-batch's times were given."""
+
+
+@dataclass(frozen=True)
+class BatchTimes:
+    """When a live stage's micro-batch began (epoch seconds) and how long it planned."""
+
+    started_s: float
+    planning_s: float
 
 
 def _micros(column: pa.ChunkedArray) -> np.ndarray:
@@ -57,14 +75,17 @@ def channel_freshness(
     event_time: str = "ts",
     since: datetime | None = None,
     label: str = "label",
+    batches: Mapping[int, BatchTimes] | None = None,
 ) -> Freshness:
     """Per-row lags from production and from the event to the commit, over the channel's
-    commits (those committed at or after ``since`` only, if given). Rows without a
-    ``produced_at`` (table rows) count only in the event lag."""
+    commits (those committed at or after ``since`` only, if given), and produced -> committed
+    by leg for the commits in ``batches``. Rows without a ``produced_at`` (table rows) count
+    only in the event lag."""
     found = Channel(where, channel)
     result = Freshness(channel)
     produced: list[np.ndarray] = []
     events: list[np.ndarray] = []
+    legs: dict[str, list[np.ndarray]] = {"waiting": [], "planning": [], "jobs_and_commit": []}
     for batch_id in found.commit_ids():
         commit = found.commit(batch_id)
         committed = datetime.fromisoformat(commit.committed_at)
@@ -77,7 +98,11 @@ def channel_freshness(
             if label in table.column_names:
                 result.positives += int(pc.sum(pc.equal(table.column(label), 1.0)).as_py() or 0)
             if PRODUCED_AT in table.column_names:
-                produced.append((at - _micros(table.column(PRODUCED_AT))) / 1e6)
+                made = _micros(table.column(PRODUCED_AT))
+                produced.append((at - made) / 1e6)
+                times = (batches or {}).get(batch_id)
+                if times is not None:
+                    _add_legs(legs, made, times, at)
             if event_time in table.column_names:
                 events.append((at - _micros(table.column(event_time))) / 1e6)
         result.commits += 1
@@ -85,4 +110,18 @@ def channel_freshness(
         result.produced_to_committed = lag_quantiles(np.concatenate(produced))
     if events:
         result.event_to_committed = lag_quantiles(np.concatenate(events))
+    result.legs = {name: lag_quantiles(np.concatenate(v)) for name, v in legs.items() if v}
     return result
+
+
+def _add_legs(
+    legs: dict[str, list[np.ndarray]], produced_us: np.ndarray, times: BatchTimes, committed_us: int
+) -> None:
+    """A commit's rows' legs: waiting (produced -> its batch began; none for a row its batch
+    read as it began), the batch's planning, its jobs and commit (the rest, to the commit)."""
+    started_us = times.started_s * 1e6
+    rows = len(produced_us)
+    legs["waiting"].append(np.maximum(started_us - produced_us, 0) / 1e6)
+    legs["planning"].append(np.full(rows, times.planning_s))
+    jobs = (committed_us - started_us) / 1e6 - times.planning_s
+    legs["jobs_and_commit"].append(np.full(rows, max(jobs, 0.0)))

@@ -5,6 +5,10 @@ memory together, so profile a run's commits (or a sample of them), not years of 
 feature layout the channel records names each value of
 the ``dense`` and ``sparse`` blocks; index 0 of a categorical feature is its null / out-of-
 vocabulary bucket, so its share is the feature's OOV rate.
+
+Numbers are profiled in their raw column's units where the channel records how its transform
+maps them (ChannelMeta.units): a person reads an age of 41 years, not -0.01 standard
+deviations, and the bins stay put when a refit moves the standardizing moments.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from flow.errors import ConfigError
 from flow.handoff.channel import Channel
 from flow.handoff.shards import read_shard
 
-__all__ = ["CategoricalStats", "NumericStats", "Profile", "profile_channel"]
+__all__ = ["CategoricalStats", "NumericStats", "Profile", "profile_channel", "to_raw"]
 
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 BINS = 10
@@ -38,6 +42,9 @@ class NumericStats:
     """Decile edges: the bins drift is measured in, against the next run."""
     counts: list[int]
     """Rows per bin of ``edges`` (with the open ends below the first and above the last)."""
+    raw: bool = False
+    """In the raw column's units (the channel records its transform), or as stored (older
+    channels, and channels written outside a pipeline stage: standardized values)."""
 
 
 @dataclass
@@ -90,7 +97,14 @@ def _block(table: pa.Table, name: str, width: int) -> np.ndarray:
     return np.asarray(column.flatten().to_numpy(zero_copy_only=False)).reshape(-1, width)
 
 
-def _numeric(values: np.ndarray, edges: list[float] | None) -> NumericStats:
+def to_raw(values: np.ndarray, units: dict[str, Any]) -> np.ndarray:
+    """Stored dense values back in their raw column's units (flow.pipeline.state.raw_units):
+    the standardizing undone, then the log1p."""
+    x = values * float(units.get("std", 1.0)) + float(units.get("mean", 0.0))
+    return np.expm1(x) if units.get("log") else x
+
+
+def _numeric(values: np.ndarray, edges: list[float] | None, raw: bool) -> NumericStats:
     present = values[~np.isnan(values)]
     if edges is None:
         edges = (
@@ -110,6 +124,7 @@ def _numeric(values: np.ndarray, edges: list[float] | None) -> NumericStats:
         },
         edges=[float(e) for e in edges],
         counts=[int(c) for c in counts],
+        raw=raw,
     )
 
 
@@ -147,9 +162,15 @@ def profile_channel(
     found = Profile(channel.name, ids, table.num_rows, float(labels.sum()))
     if dense:
         block = _block(table, "dense", len(dense)).astype(np.float64)
+        units = meta.units or {}
         for j, name in enumerate(dense):
+            raw = name in units
+            values = to_raw(block[:, j], units[name]) if raw else block[:, j]
             previous = reference.numeric.get(name) if reference else None
-            found.numeric[name] = _numeric(block[:, j], previous.edges if previous else None)
+            # Bins in other units than these (a reference from before channels recorded their
+            # units) would compare nothing: this profile makes its own.
+            edges = previous.edges if previous is not None and previous.raw == raw else None
+            found.numeric[name] = _numeric(values, edges, raw)
     if sparse:
         block = _block(table, "sparse", len(sparse))
         for j, name in enumerate(sparse):

@@ -4,7 +4,8 @@
 <folder>/findings.json    the headline findings, most important first
 <folder>/report.html      tables and the plots below, embedded (it reads on its own: in MLflow's
                           artifact view, a mail, a browser)
-<folder>/numeric.png      each number's distribution (deciles), now against the reference
+<folder>/numeric.png      each number's distribution in raw units (deciles, each bar labelled with
+                          its range), now against the reference
 <folder>/categorical.png  each category's out-of-vocabulary rate and distinct values
 <folder>/label_rate.png   the label rate over event time (hourly)
 """
@@ -21,7 +22,7 @@ from typing import Any
 from flow.insight.drift import DRIFTED, Drift, compare
 from flow.insight.profile import Profile
 
-__all__ = ["Insight", "findings", "write_report"]
+__all__ = ["Insight", "bin_label", "findings", "number", "write_report"]
 
 OOV_HIGH = 0.2
 NULLS_HIGH = 0.05
@@ -98,11 +99,16 @@ def _plots(insight: Insight, folder: Path) -> list[str]:
                 scale = sum(now.counts) / sum(before.counts)
                 ax.step(range(len(before.counts)), [c * scale for c in before.counts],
                         where="mid", color="black", label="previous")  # fmt: skip
-            ax.set_title(name, fontsize=9)
-            # Bin i holds values from edge i-1 to edge i (the reference's deciles).
-            ticks = list(range(0, len(now.counts), max(1, len(now.counts) // 4)))
-            ax.set_xticks(ticks)
-            ax.set_xticklabels([_edge(now.edges, i) for i in ticks], fontsize=6)
+            ax.set_title(name if now.raw else f"{name} (as stored)", fontsize=9)
+            # Bin i holds values from edge i-1 to edge i (the reference's deciles): every bar
+            # says which, since deciles are unevenly wide.
+            ax.set_xticks(range(len(now.counts)))
+            ax.set_xticklabels(
+                [bin_label(now.edges, i) for i in range(len(now.counts))],
+                fontsize=6,
+                rotation=60,
+                ha="right",
+            )
         for ax in list(axes.flat)[len(names) :]:
             ax.axis("off")
         axes.flat[0].legend(fontsize=7)
@@ -127,13 +133,23 @@ def _plots(insight: Insight, folder: Path) -> list[str]:
     return made
 
 
-def _edge(edges: list[float], bin_index: int) -> str:
-    """A bin's label: its lower edge (the first bin: below the first edge)."""
+def number(value: float) -> str:
+    """A statistic as a person reads it: ``41.2``, ``0.0132``, ``1,250``."""
+    if value != value:  # NaN: no values
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def bin_label(edges: list[float], bin_index: int) -> str:
+    """Bin ``bin_index`` of ``edges`` as its range: ``<16``, ``16-24``, ``>=81`` (the first and
+    the last bins are open)."""
     if not edges:
-        return str(bin_index)
+        return "all"
     if bin_index == 0:
-        return f"<{edges[0]:.3g}"
-    return f"{edges[min(bin_index, len(edges)) - 1]:.3g}"
+        return f"<{number(edges[0])}"
+    if bin_index >= len(edges):
+        return f">={number(edges[-1])}"
+    return f"{number(edges[bin_index - 1])}-{number(edges[bin_index])}"
 
 
 def _embedded(folder: Path, name: str) -> str:
@@ -168,11 +184,12 @@ def write_report(
             n,
             f"{s.count:,}",
             f"{s.nulls:,}",
-            f"{s.mean:.4g}",
-            f"{s.std:.4g}",
-            f"{s.quantiles['p1']:.4g}",
-            f"{s.quantiles['p50']:.4g}",
-            f"{s.quantiles['p99']:.4g}",
+            number(s.mean),
+            number(s.std),
+            number(s.quantiles["p1"]),
+            number(s.quantiles["p50"]),
+            number(s.quantiles["p99"]),
+            "raw" if s.raw else "as stored",
             psi.get(n, "-"),
         ]
         for n, s in profile.numeric.items()
@@ -189,7 +206,10 @@ td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}</style></head><b
 <h1>Training data: channel {html.escape(profile.channel)}, {span}</h1>
 <h2>Findings</h2><ul>{"".join(f"<li>{html.escape(f)}</li>" for f in insight.findings)}</ul>
 <h2>Numeric features</h2>
-{_table(["feature", "rows", "missing", "mean", "std", "p1", "p50", "p99", "PSI"], numeric)}
+<p>In raw units: each feature's standardizing and log undone (values its clip bounds cut stay at
+those bounds, and a missing value is its fill); "as stored" where the channel does not record
+how (the values the trainer reads).</p>
+{_table(["feature", "rows", "missing", "mean", "std", "p1", "p50", "p99", "units", "PSI"], numeric)}
 <h2>Categorical features</h2>
 {_table(["feature", "rows", "OOV / null", "distinct", "PSI"], categorical)}
 {"".join(_embedded(folder, i) for i in images)}

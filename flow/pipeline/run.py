@@ -74,6 +74,11 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
     parser.add_argument("--feature-state", help="feature state version (default: latest)")
     parser.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     parser.add_argument(
+        "--no-summary",
+        action="store_true",
+        help="print no table of the stages at the end (a caller that prints its own)",
+    )
+    parser.add_argument(
         "--since-snapshot", type=int, help="backfill: only event snapshots after this one"
     )
     parser.add_argument(
@@ -98,6 +103,7 @@ def parse_run_args(argv: Sequence[str], stage_names: Sequence[str]) -> RunOption
         tracking=not args.no_tracking,
         since_snapshot=args.since_snapshot,
         max_restarts=args.max_restarts,
+        summary=not args.no_summary,
     )
 
 

@@ -29,7 +29,7 @@ from flow.pipeline.features import (
 from flow.pipeline.schema import did_you_mean
 from flow.storage import Location, namespace_locations
 
-__all__ = ["FeatureState", "Layout", "layout", "states_location"]
+__all__ = ["FeatureState", "Layout", "layout", "raw_units", "states_location"]
 
 _LATEST = "LATEST"
 
@@ -221,3 +221,27 @@ def layout(spec: FeatureSpec, state: FeatureState | None) -> Layout:
     )
     ids = tuple(feature_name(f) for f in spec.features if isinstance(f, Id))
     return Layout(dense, sparse, sequences, ids)
+
+
+def raw_units(spec: FeatureSpec, state: FeatureState | None) -> dict[str, dict[str, Any]]:
+    """Per dense feature of ``spec``, what turns its stored value back into its raw column's
+    units: ``value * std + mean`` undoes the standardizing, then ``expm1`` the ``log``. A
+    channel records it (ChannelMeta.units) so that ``flow insight`` reports ages in years and
+    prices in money, not in standard deviations. Two things stay as the transform left them:
+    values clipped at ``clip`` sit at its bounds, and nulls are their fill value."""
+    fitted = state or FeatureState(spec.name, spec.fingerprint)
+    units: dict[str, dict[str, Any]] = {}
+    for feature in spec.features:
+        if not isinstance(feature, Numeric):
+            continue
+        name = feature_name(feature)
+        mean, std = fitted.moments.get(name, (0.0, 1.0)) if feature.standardize else (0.0, 1.0)
+        units[name] = {
+            "column": feature.column,
+            "mean": mean,
+            # As the transform divides (flow.transform.apply): a constant column by 1.
+            "std": std if std > 0 else 1.0,
+            "log": feature.log,
+            "clip": list(feature.clip) if feature.clip is not None else None,
+        }
+    return units

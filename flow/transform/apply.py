@@ -3,7 +3,8 @@
 :class:`FeatureTransform` turns a table of a stage's feature inputs (the events' columns after
 the label join, the enrichments and the Derived columns) into the training-row columns that
 ``spark_jobs.features`` compiles to Spark SQL: ``dense`` (float32), ``sparse`` (int32), one
-``seq_<name>`` per sequence feature, and ``label`` and ``weight`` where their columns are given.
+``seq_<name>`` per sequence feature, ``ids`` (int64, the raw ids of ``Id`` features) where there
+are any, and ``label`` and ``weight`` where their columns are given.
 It is the serving side of "one feature transform, two executions"; the consistency check
 (:mod:`flow.transform.consistency`) holds the two to the same values on committed rows.
 
@@ -23,12 +24,14 @@ import pyarrow.compute as pc
 
 from flow.errors import ConfigError
 from flow.pipeline.features import (
+    NULL_ID,
     Bucketized,
     Cross,
     Feature,
     FeatureSpec,
     Hashed,
     HashedSequence,
+    Id,
     Numeric,
     Vocabulary,
     feature_inputs,
@@ -48,9 +51,11 @@ def _floats(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
     """``cast(column AS double)`` as values and a null mask."""
     # Unchecked: a long past 2^53 rounds to the nearest double, as Java's (double) cast does.
     array = pc.cast(table.column(column).combine_chunks(), pa.float64(), safe=False)
-    nulls = array.is_null().to_numpy(zero_copy_only=False)
-    values = pc.fill_null(array, 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
-    return values, nulls
+    values: np.ndarray = array.to_numpy(zero_copy_only=False)  # a null comes as NaN here
+    if not array.null_count:  # the common case of a served row: no mask to build
+        return values, np.zeros(len(values), dtype=bool)
+    nulls: np.ndarray = array.is_null().to_numpy(zero_copy_only=False)
+    return np.where(nulls, 0.0, values), nulls
 
 
 def _clipped_and_logged(feature: Numeric | Bucketized, x: np.ndarray) -> np.ndarray:
@@ -82,6 +87,8 @@ class FeatureTransform:
         self.spec = spec
         self.state = state
         self.layout = layout(spec, state)  # raises if the state does not fit the spec
+        # Once: a served model applies the transform to one row at a time.
+        self._inputs = tuple(dict.fromkeys(c for f in spec.features for c in feature_inputs(f)))
         self._vocabularies = {
             name: {value: i + 1 for i, value in enumerate(values)}
             for name, values in state.vocabularies.items()
@@ -106,11 +113,11 @@ class FeatureTransform:
     @property
     def inputs(self) -> list[str]:
         """The columns :meth:`apply` reads (label and weight only if given)."""
-        return list(dict.fromkeys(c for f in self.spec.features for c in feature_inputs(f)))
+        return list(self._inputs)
 
     def apply(self, table: pa.Table) -> pa.Table:
         """The training-row columns of ``table``'s rows, in the channel's layout."""
-        missing = [c for c in self.inputs if c not in table.column_names]
+        missing = [c for c in self._inputs if c not in table.column_names]
         if missing:
             raise ConfigError(
                 f"feature spec {self.spec.name!r} reads column(s) {', '.join(missing)}, which "
@@ -137,7 +144,16 @@ class FeatureTransform:
         for feature in spec.features:
             if isinstance(feature, HashedSequence):
                 out[f"seq_{feature_name(feature)}"] = _fixed(self._sequence(feature, table))
+        ids = [self._id(f, table) for f in spec.features if isinstance(f, Id)]
+        if ids:  # the raw ids, as Spark passes them: the model's tables map them
+            out["ids"] = _fixed(np.stack(ids, axis=1))
         return pa.table(out)
+
+    def _id(self, feature: Id, table: pa.Table) -> np.ndarray:
+        """``coalesce(cast(column AS bigint), NULL_ID)``: an Id's column is an integer one."""
+        values = pc.cast(table.column(feature.column).combine_chunks(), pa.int64())
+        filled: np.ndarray = pc.fill_null(values, NULL_ID).to_numpy(zero_copy_only=False)
+        return filled.astype(np.int64)
 
     def _dense(self, feature: Numeric, table: pa.Table) -> np.ndarray:
         name = feature_name(feature)

@@ -2,7 +2,7 @@
 
 :func:`compare` is the reusable part: two Arrow tables of training-row columns, row for row,
 and a :class:`Consistency` report naming each feature that differs with examples. Integer
-features (``sparse``, ``seq_*``) must be equal; floats (``dense``, ``label``, ``weight``)
+features (``sparse``, ``seq_*``, ``ids``) must be equal; floats (``dense``, ``label``, ``weight``)
 within ``rel`` (1e-6) relative, NaN equal to NaN. ``flow check consistency`` builds the two
 tables from a committed channel (spark_jobs.consistency) and prints the report.
 """
@@ -24,6 +24,7 @@ from flow.pipeline.features import (
     FeatureSpec,
     Hashed,
     HashedSequence,
+    Id,
     Numeric,
     Vocabulary,
     feature_name,
@@ -91,6 +92,8 @@ def _columns(spec: FeatureSpec) -> list[tuple[str, str, int | None]]:
         for f in spec.features
         if isinstance(f, HashedSequence)
     ]
+    ids = [f for f in spec.features if isinstance(f, Id)]
+    found += [(feature_name(f), "ids", i) for i, f in enumerate(ids)]
     return found
 
 

@@ -10,35 +10,35 @@
    when it comes due (it starts when the backfill is done, with the live stage);
 4. beside both, a trainer (DLRM) reads ``backfill`` and then follows ``live`` as commits land,
    correcting the immediate labels' bias (fake-negative weighted loss);
-5. a summary read back from MLflow and the channel: the model's AUC beside the oracle's (the
-   world's true click probability) on the same rows, the live rows' corrected positive rate and
-   calibration, and freshness from production to commit and to training.
+5. a summary read back from MLflow and the channel (flow.workflows.demo_summary): the model's
+   AUC beside the oracle's (the world's true click probability) on the same rows, the live
+   rows' corrected positive rate and calibration, and freshness from production to commit and
+   to training.
 
 Each run starts the namespace afresh (topics, checkpoints, channels, feature state), so its
-counts reconcile on their own.
+counts reconcile on their own. Given a :class:`~flow.terminal.Terminal`, each part's lines are
+prefixed with its name (``demo``, ``generator``, ``spark``, ``trainer``) and a
+:class:`DemoStatus` tells its ticker where the run is.
 """
 
 from __future__ import annotations
 
 import shlex
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from pathlib import Path
+from typing import Literal
 
 from flow.config import StackConfig
 from flow.handoff.channel import Channel
 from flow.storage import namespace_locations
-from flow.tracking import runs_url
+from flow.terminal import Terminal, elapsed, inherit
 from flow.training import ModelConfig, OptimConfig, TrainConfig
-from flow.workflows.synthetic import DELAYS
 
-__all__ = ["DemoSize", "run_demo", "summarize"]
+__all__ = ["DemoSize", "DemoStatus", "log_path", "run_demo"]
 
 NAMESPACE = "demo"
 MODEL_NAME = "ctr-demo"
@@ -169,18 +169,83 @@ class _LiveStream:
             self.say(f"stream: failed ({type(self.error).__name__}: {self.error})")
 
 
+def log_path(stack: StackConfig) -> Path:
+    """A new file for the whole output of one demo run, under ``$FLOW_HOME/logs``."""
+    folder = stack.home / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"demo-{datetime.now(UTC):%Y%m%d-%H%M%S}.log"
+
+
+class DemoStatus:
+    """What the demo's ticker says when nothing else has for a while: the phase, how long the
+    run has gone, and, once the Spark job writes, how far each channel and the trainer are."""
+
+    def __init__(
+        self, stack: StackConfig, namespace: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.phase = "starting"
+        self.clock = clock
+        self.started = clock()
+        self.where = namespace_locations(stack, namespace).handoff.uri
+        self._channels: dict[str, Channel] = {}
+        self.following = False
+        """Whether the Spark job and the trainer run: then the channels say how far they are."""
+
+    def __call__(self) -> str:
+        said = f"{self.phase}, {elapsed(self.clock() - self.started)} in"
+        if not self.following:
+            return said
+        progress = [self._channel(name) for name in ("backfill", "live")]
+        shown = [p for p in progress if p]
+        if not shown:
+            return f"{said}; the Spark job is starting (JVM, session, the history's first read)"
+        return f"{said}; " + "; ".join(shown)
+
+    def _channel(self, name: str) -> str:
+        """``live: 12 commits, 48,000 rows, the trainer has read 40,000`` ('' before it exists)."""
+        channel = self._channels.get(name)
+        if channel is None:
+            channel = Channel(self.where, name)
+            if not channel.exists():
+                return ""
+            self._channels[name] = channel
+        ids = channel.commit_ids()
+        said = f"{name}: {len(ids):,} commit{'s' * (len(ids) != 1)}, "
+        said += f"{channel.log.rows(ids, None):,} rows"
+        try:
+            read = [p.consumed_upto for ranks in channel.positions().values() for p in ranks]
+        except (OSError, ValueError):  # a position being written as it is read: next time
+            read = []
+        if read:
+            upto = min(read)
+            done = channel.log.rows([b for b in ids if b <= upto], None)
+            said += f", the trainer has read {done:,}"
+        return said + (" (closed)" if channel.closed() else "")
+
+
 def run_demo(
     stack: StackConfig,
     size: DemoSize,
     launch_spark: Callable[[Sequence[str], dict[str, str]], int],
     say: Callable[[str], None],
     namespace: str = NAMESPACE,
+    *,
+    terminal: Terminal | None = None,
+    status: DemoStatus | None = None,
 ) -> str:
-    """Data, Spark job, real-time stream and trainer; the MLflow run they nest under."""
+    """Data, Spark job, real-time stream and trainer; the MLflow run they nest under.
+
+    With a ``terminal``, the generator's and the trainer's lines are theirs (prefixed with
+    their names); ``launch_spark`` relays Spark's itself. ``status`` follows the phases."""
     from flow.workflows.together import run_together
 
+    generator = terminal.say_as("generator") if terminal else say
+    start_trainer = terminal.start_as("trainer") if terminal else inherit
+    status = status or DemoStatus(stack, namespace)
+    status.phase = "resetting the namespace"
     _reset(stack, namespace, say)
-    _history(stack, size, namespace, say)
+    status.phase = "writing the history to Iceberg"
+    _history(stack, size, namespace, generator)
     trainer = TrainConfig(
         channels=("backfill", "live"),
         namespace=namespace,
@@ -210,151 +275,20 @@ def run_demo(
         "--continuous",
         "--duration",
         f"{size.live_s + size.drain_s:g}",
+        # The demo prints one table of its own at the end, with the model's figures beside the
+        # stages' counts: the driver's would say the same counts twice.
+        "--no-summary",
     ]
-    with _LiveStream(stack, size, namespace, say):
+    status.phase = "Spark job (backfill, then live) and trainer"
+    status.following = True
+    with _LiveStream(stack, size, namespace, generator):
         return run_together(
-            app, trainer, 1, stack, launch_spark, say, experiment="pipeline-ctr_demo"
+            app,
+            trainer,
+            1,
+            stack,
+            launch_spark,
+            say,
+            experiment="pipeline-ctr_demo",
+            start_trainer=start_trainer,
         )
-
-
-def _runs(stack: StackConfig, parent: str) -> tuple[str, dict[str, Any]]:
-    """The experiment of run ``parent`` and its stage runs by name."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=stack.mlflow.tracking_uri)
-    experiment = str(client.get_run(parent).info.experiment_id)
-    children = client.search_runs(
-        [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
-    )
-    return experiment, {r.info.run_name: r for r in children}
-
-
-def _figures(train: dict[str, float], channel: str) -> dict[str, float | None]:
-    """A channel's progressive figures from the trainer's run: the model's and the oracle's."""
-    names = ("auc", "logloss", "frozen_auc", "oracle_auc", "oracle_logloss", "oracle_rate")
-    found = {name: train.get(f"run_progressive_{name}.{channel}") for name in names}
-    # A click beyond the attribution window labels nothing, in either strategy: the true rate
-    # of a label is the world's click rate less that share.
-    rate = found["oracle_rate"]
-    found["true_rate"] = rate * (1 - DELAYS.late_share) if rate is not None else None
-    for name in ("positive_rate", "calibration"):  # the corrected ones where labels are biased
-        corrected = train.get(f"run_progressive_{name}_corrected.{channel}")
-        plain = train.get(f"run_progressive_{name}.{channel}")
-        found[name] = corrected if corrected is not None else plain
-    return found
-
-
-def summarize(stack: StackConfig, parent: str, namespace: str = NAMESPACE) -> dict[str, Any]:
-    """The figures of a demo run, from its MLflow runs and its live channel."""
-    from flow.insight.freshness import channel_freshness
-
-    experiment_id, runs = _runs(stack, parent)
-    stages = {}
-    for name in ("backfill", "live"):
-        if name in runs:
-            m = runs[name].data.metrics
-            keys = (
-                "rows_in",
-                "rows_out",
-                "dead_letters",
-                "pending",
-                "relabelled",
-                "labels_unmatched",
-            )
-            tags = runs[name].data.tags
-            stages[name] = {k: int(m.get(k, 0)) for k in keys} | {
-                "reconciled": bool(m.get("reconciled", 0)),
-                "labels": tags.get("lineage.label_strategy", "none"),
-                # A live stage's writer (spark_jobs.live.run.choose_writer), and why.
-                "writer": tags.get("flow.live.writer", ""),
-                "writer_reason": tags.get("flow.live.writer_reason", ""),
-            }
-    train = runs["train"].data.metrics if "train" in runs else {}
-    handoff = namespace_locations(stack, namespace).handoff.uri
-    live = Channel(handoff, "live")
-    committed = channel_freshness(handoff, "live") if live.exists() else None
-    return {
-        "parent_run": parent,
-        "stages": stages,
-        "auc": train.get("run_progressive_auc"),
-        "logloss": train.get("run_progressive_logloss"),
-        "backfill": _figures(train, "backfill"),
-        "live": _figures(train, "live"),
-        "samples_per_s": train.get("samples_per_s"),
-        "data_stall_fraction": train.get("data_stall_fraction"),
-        "trained_rows": int(train.get("rows", 0)),
-        "freshness": {
-            "produced_to_committed": committed.produced_to_committed if committed else {},
-            "produced_to_trained": {
-                q: train.get(f"freshness_produced_{q}_s.live") for q in ("p50", "p99")
-            },
-            "event_to_trained": {q: train.get(f"freshness_{q}_s.live") for q in ("p50", "p99")},
-        },
-        "ui": runs_url(stack.mlflow.tracking_uri, experiment_id, parent),
-    }
-
-
-def _fmt(value: float | None, pattern: str) -> str:
-    return pattern.format(value) if value is not None else "n/a"
-
-
-def _lags(lags: dict[str, float | None]) -> str:
-    return f"p50 {_fmt(lags.get('p50'), '{:.1f}')} s, p99 {_fmt(lags.get('p99'), '{:.1f}')} s"
-
-
-def show(summary: dict[str, Any], console: Console) -> None:
-    table = Table(title="demo: stages", title_justify="left")
-    headers = ("stage", "labels", "rows in", "training rows", "dead letters", "pending", "counts")
-    for header in headers:
-        left = header in ("stage", "labels", "counts")
-        table.add_column(header, justify="left" if left else "right")
-    for name, s in summary["stages"].items():
-        table.add_row(
-            name,
-            s["labels"],
-            f"{s['rows_in']:,}",
-            f"{s['rows_out']:,}" + (f" ({s['relabelled']:,} again)" if s["relabelled"] else ""),
-            f"{s['dead_letters']:,}",
-            f"{s['pending']:,}",
-            "[green]reconcile[/]" if s["reconciled"] else "[red]do NOT reconcile[/]",
-        )
-    console.print(table)
-
-    quality = Table(title="demo: the model against the oracle (progressive)", title_justify="left")
-    for header in ("rows", "AUC", "frozen AUC", "oracle AUC", "log loss", "oracle log loss",
-                   "positive rate", "true rate", "calibration"):  # fmt: skip
-        quality.add_column(header, justify="left" if header == "rows" else "right")
-    for channel in ("backfill", "live"):
-        f = summary[channel]
-        quality.add_row(
-            channel,
-            _fmt(f["auc"], "{:.3f}"),
-            _fmt(f["frozen_auc"], "{:.3f}"),
-            _fmt(f["oracle_auc"], "{:.3f}"),
-            _fmt(f["logloss"], "{:.4f}"),
-            _fmt(f["oracle_logloss"], "{:.4f}"),
-            _fmt(f["positive_rate"], "{:.2%}"),
-            _fmt(f["true_rate"], "{:.2%}"),
-            _fmt(f["calibration"], "{:.3f}"),
-        )
-    console.print(quality)
-    fresh = summary["freshness"]
-    lines = [
-        ("trained on", f"{summary['trained_rows']:,} rows"),
-        ("samples/s", _fmt(summary["samples_per_s"], "{:,.0f}")),
-        ("waiting for data", _fmt(summary["data_stall_fraction"], "{:.1%} of the time")),
-        ("live: produced -> committed", _lags(fresh["produced_to_committed"])),
-        ("live: produced -> trained", _lags(fresh["produced_to_trained"])),
-        ("live: event -> trained", _lags(fresh["event_to_trained"])),
-        ("model", f"registered as {MODEL_NAME}"),
-        ("MLflow", summary["ui"]),
-    ]
-    for label, value in lines:
-        console.print(f"  {label:30} {escape(value)}", highlight=False)
-    console.print(
-        "  (live positive rate and calibration are corrected for immediate labels: positives "
-        "over impressions; the oracle is the world's true click probability, the true rate its "
-        "mean less the clicks beyond the 30-minute window, which label nothing; frozen: the "
-        "model as the backfill left it, on the same rows)",
-        highlight=False,
-    )

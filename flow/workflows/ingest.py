@@ -28,6 +28,7 @@ from flow.config import StackConfig
 from flow.errors import ConfigError, LoadError
 from flow.pipeline.schema import FIELD_TYPES, did_you_mean
 from flow.stack.iceberg import open_catalog
+from flow.transform.serving import ARROW_TYPES
 from flow.workflows.readers import Format, Input, detect_format, open_input
 from flow.workflows.timestamps import UTC_US, TimeRules, to_utc
 
@@ -49,17 +50,6 @@ Mode = Literal["create", "append", "replace"]
 Progress = Callable[[int, int, int | None], None]
 """Called with (rows written so far, units done, units in all or None)."""
 
-ARROW_TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(),
-    "int": pa.int32(),
-    "long": pa.int64(),
-    "float": pa.float32(),
-    "double": pa.float64(),
-    "boolean": pa.bool_(),
-    "timestamp": UTC_US,
-    "array<string>": pa.list_(pa.string()),
-    "array<long>": pa.list_(pa.int64()),
-}
 _FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _LABEL = re.compile(r"^\s*(?P<column>.+?)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<value>-?\d+(\.\d+)?)\s*$")
 _COMPARE = {

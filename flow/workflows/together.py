@@ -20,18 +20,29 @@ from pathlib import Path
 from flow.config import StackConfig
 from flow.handoff.channel import Channel
 from flow.secrets import redact_argv
+from flow.terminal import Start, inherit
 from flow.tracking import PARENT_RUN_ENV, MlflowTracker
 from flow.training import TrainConfig, save_config
 
-__all__ = ["TrainerLaunch", "following_the_job", "pipeline_connectors", "run_together"]
+__all__ = [
+    "TrainerLaunch", "following_the_job", "pipeline_connectors", "result_file", "run_together",
+]  # fmt: skip
 
 FOLLOW_WAIT_S = 600.0
 """How long the trainer waits for a channel its Spark job has not created yet."""
 
 
+def result_file(stack: StackConfig, parent_run: str) -> Path:
+    """Where the trainer of pipeline run ``parent_run`` writes its whole result (JSON)."""
+    return stack.home / "runs" / parent_run / "trainer-result.json"
+
+
 class TrainerLaunch:
     """The trainer of a pipeline run: its configuration (following the channels, nested under
-    the run), the file that holds it, and the command that starts it from that file."""
+    the run), the file that holds it, and the command that starts it from that file.
+
+    Its whole result goes to :func:`result_file` unless it was given a file: the trainer then
+    prints one line that names the file, where it would print 28,000 characters of JSON."""
 
     def __init__(
         self, config: TrainConfig, processes: int, stack: StackConfig, parent_run: str
@@ -41,6 +52,7 @@ class TrainerLaunch:
             follow=True,
             wait_for_channels=max(config.wait_for_channels, FOLLOW_WAIT_S),
             parent_run_id=parent_run,
+            result_file=config.result_file or result_file(stack, parent_run),
         ).resolved(stack)
         self.channels: list[str] = list(self.config.channels)
         self.handoff: str = self.config.location
@@ -138,11 +150,13 @@ def run_together(
     launch_spark: Callable[[Sequence[str], dict[str, str]], int],
     say: Callable[[str], None],
     experiment: str | None = None,
+    start_trainer: Start = inherit,
 ) -> str:
     """Start the trainer, run the Spark job, close the channels, wait for the trainer; the id of
     the MLflow run both nested under. A failure of either raises SystemExit with its code.
 
-    The trainer reads where the job's pipeline writes unless told (:func:`following_the_job`).
+    The trainer reads where the job's pipeline writes unless told (:func:`following_the_job`);
+    ``start_trainer`` starts its process (default: writing to this one's terminal).
     """
     trainer_config = following_the_job(trainer_config, spark_argv)
     found = _app(spark_argv)
@@ -153,7 +167,7 @@ def run_together(
         trainer = TrainerLaunch(trainer_config, processes, stack, run.run_id)
         say(f"trainer: {shlex.join(redact_argv(trainer.argv[2:]))}")
         env = {**os.environ, PARENT_RUN_ENV: run.run_id}
-        process = subprocess.Popen(trainer.argv, env=env)
+        process = start_trainer(trainer.argv, env)
         try:
             spark_code = launch_spark(spark_argv, {PARENT_RUN_ENV: run.run_id})
             if spark_code:

@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pyspark.errors import StreamingQueryException
@@ -141,11 +142,24 @@ def _poll(query: StreamingQuery, watch: Watch, on_batch: OnBatch) -> None:
                 "batch_duration_ms": float(data["durationMs"].get("triggerExecution", 0)),
                 # addBatch is the foreachBatch sink; the rest is reading, state and commits.
                 "batch_sink_ms": float(data["durationMs"].get("addBatch", 0)),
+                # Before the batch's jobs: its offsets fixed, its plan made (freshness's
+                # breakdown, benchmarks/freshness.py); and when it started (epoch seconds).
+                "batch_planning_ms": float(sum(data["durationMs"].get(k, 0) for k in _PLANNING)),
+                "batch_started_s": _epoch_seconds(data["timestamp"]),
                 **({} if watch.state_rows is None else {"state_rows": float(watch.state_rows)}),
                 **_kafka_lag(data),
             },
             int(data["batchId"]),
         )
+
+
+_PLANNING = ("latestOffset", "getBatch", "queryPlanning", "walCommit")
+"""A micro-batch's steps before its jobs (Spark's ``durationMs`` keys)."""
+
+
+def _epoch_seconds(timestamp: str) -> float:
+    """Spark's progress time (``2026-11-28T10:07:30.491Z``) as seconds since the epoch."""
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def _failure(query: StreamingQuery, watch: Watch) -> StreamFailedError | None:

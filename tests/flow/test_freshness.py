@@ -10,13 +10,14 @@ import pyarrow as pa
 
 from flow.handoff import Channel
 from flow.handoff.format import Commit
-from flow.insight.freshness import channel_freshness, lag_quantiles
+from flow.insight.freshness import BatchTimes, channel_freshness, lag_quantiles
 
 TS = pa.timestamp("us", tz="UTC")
 SCHEMA = pa.schema([("label", pa.float32()), ("ts", TS), ("produced_at", TS)])
 
 
-def test_lags_run_from_production_and_from_the_event_to_each_rows_commit(tmp_path: Path) -> None:
+def _channel(tmp_path: Path) -> datetime:
+    """Two commits, a minute apart, of rows produced 1, 2, 3 and 10 s before their commit."""
     channel = Channel(str(tmp_path), "live")
     channel.create(SCHEMA, num_buckets=1)
     committed = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -38,6 +39,11 @@ def test_lags_run_from_production_and_from_the_event_to_each_rows_commit(tmp_pat
         channel.add_commit(
             Commit("live", batch, (shard,), channel.meta().fingerprint, committed_at=at.isoformat())
         )
+    return committed
+
+
+def test_lags_run_from_production_and_from_the_event_to_each_rows_commit(tmp_path: Path) -> None:
+    committed = _channel(tmp_path)
     found = channel_freshness(str(tmp_path), "live")
     assert (found.rows, found.commits, found.positives) == (5, 2, 2)
     assert found.produced_to_committed["max"] == 10.0
@@ -49,3 +55,19 @@ def test_lags_run_from_production_and_from_the_event_to_each_rows_commit(tmp_pat
 
 def test_no_lags_without_rows() -> None:
     assert lag_quantiles(np.array([])) == {}
+
+
+def test_produced_to_committed_is_cut_into_legs_by_the_micro_batches_times(tmp_path: Path) -> None:
+    committed = _channel(tmp_path)
+    # Batch 0 began 2.5 s before its commit and planned 0.5 s: rows produced 1 and 2 s before
+    # the commit were read as it began (no wait), the one 3 s before waited 0.5 s. Batch 1's
+    # times are unknown: its rows count in no leg.
+    started = committed.timestamp() - 2.5
+    found = channel_freshness(
+        str(tmp_path), "live", batches={0: BatchTimes(started_s=started, planning_s=0.5)}
+    )
+    assert found.legs["waiting"]["max"] == 0.5
+    assert found.legs["waiting"]["p50"] == 0.0
+    assert found.legs["planning"]["p50"] == 0.5
+    assert found.legs["jobs_and_commit"]["p99"] == 2.0
+    assert found.produced_to_committed["max"] == 10.0  # every commit still counts here

@@ -106,3 +106,73 @@ def test_one_channel_against_another_names_the_other(tmp_path: Path) -> None:
     assert insight.findings[0].startswith("price drifted")
     assert "against channel backfill" in insight.findings[0]
     assert folder.name.endswith("c" * 32)
+
+
+def test_numbers_are_reported_in_their_raw_units(tmp_path: Path) -> None:
+    """A stage stores ages standardized and prices as standardized log1p; the report gives them
+    back in years and money, from the units the channel records."""
+    from flow.insight.report import number
+    from flow.pipeline import FeatureSpec, Numeric, Vocabulary
+    from flow.pipeline.state import FeatureState, layout, raw_units
+    from flow.transform import FeatureTransform
+
+    spec = FeatureSpec(
+        "t", (Numeric("age", clip=(16, 90)), Numeric("price", log=True), Vocabulary("country"))
+    )
+    rng = np.random.default_rng(3)
+    age = rng.normal(41.0, 12.0, 5000).clip(16, 90)
+    price = rng.lognormal(3.0, 1.0, 5000)
+    logged = np.log1p(price)
+    moments = {"age": (age.mean(), age.std()), "price": (logged.mean(), logged.std())}
+    state = FeatureState("t", spec.fingerprint, {"country": ["de", "fr"]}, moments)
+    raw = pa.table(
+        {
+            "age": age,
+            "price": price,
+            "country": rng.choice(["de", "fr"], 5000),
+            "label": rng.integers(0, 2, 5000),
+        }
+    )
+    rows = FeatureTransform(spec, state).apply(raw)
+    channel = Channel(str(tmp_path), "live")
+    meta = channel.create(
+        rows.schema,
+        num_buckets=1,
+        layout=layout(spec, state).to_dict(),
+        units=raw_units(spec, state),
+    )
+    shard = channel.write_bucket(0, 0, rows, "t0")
+    channel.add_commit(Commit("live", 0, (shard,), meta.fingerprint))
+    stored = rows.column("dense").combine_chunks().flatten().to_numpy().reshape(-1, 2)
+    assert abs(stored[:, 0].mean()) < 1e-3, "the channel holds standardized ages"
+
+    stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
+    insight, folder = channel_insight(stack, str(tmp_path), "live", [0])
+    ages, prices = insight.profile.numeric["age"], insight.profile.numeric["price"]
+    assert ages.raw
+    assert prices.raw
+    assert ages.mean == pytest.approx(age.mean(), rel=1e-4)  # float32 storage, nothing more
+    assert ages.std == pytest.approx(age.std(), rel=1e-3)
+    assert prices.quantiles["p50"] == pytest.approx(np.median(price), rel=1e-3)
+    assert prices.mean == pytest.approx(price.mean(), rel=1e-3)
+    # The bins are deciles of the raw values: the middle edge is the raw median.
+    assert ages.edges[4] == pytest.approx(np.median(age), rel=1e-3)
+    page = (folder / "report.html").read_text()
+    assert f"<td>{number(ages.mean)}</td>" in page
+    assert number(ages.mean) == f"{age.mean():.3g}"
+
+
+def test_a_bin_is_labelled_with_its_range() -> None:
+    from flow.insight.report import bin_label
+
+    edges = [16.0, 24.5, 1250.0]
+    assert [bin_label(edges, i) for i in range(4)] == ["<16", "16-24.5", "24.5-1,250", ">=1,250"]
+    assert bin_label([], 0) == "all"
+
+
+def test_a_channel_that_records_no_units_is_reported_as_stored(tmp_path: Path) -> None:
+    stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
+    write(tmp_path, "live", [500], buckets=1)  # as a channel of an older writer: no units
+    insight, folder = channel_insight(stack, str(tmp_path), "live", [0])
+    assert not insight.profile.numeric["price"].raw
+    assert "as stored" in (folder / "report.html").read_text()

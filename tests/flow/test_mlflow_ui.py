@@ -22,8 +22,11 @@ from mlflow.tracking import MlflowClient
 
 from flow import stack as services
 from flow.config import StackConfig
+from flow.insight import channel_insight
 from flow.tracking import EXPERIMENT_KIND_TAG, MACHINE_LEARNING_KIND, MlflowTracker
+from tests.flow.test_insight import add_commit, shifted
 from tests.support import REPO, stack_env_for
+from tests.trainers.channels import rows, write
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 SCREENSHOTS = REPO / "docs" / "images"
@@ -60,7 +63,9 @@ class _Text(html.parser.HTMLParser):
             self.parts.append(data.strip())
 
 
-def _chromium(url: str, profile: Path, *output: str) -> subprocess.CompletedProcess[str]:
+def _chromium(
+    url: str, profile: Path, *output: str, size: str = "1400,900"
+) -> subprocess.CompletedProcess[str]:
     browser = _browser()
     argv = [
         browser,
@@ -69,7 +74,7 @@ def _chromium(url: str, profile: Path, *output: str) -> subprocess.CompletedProc
         "--disable-gpu",
         "--hide-scrollbars",
         f"--user-data-dir={profile}",  # a new user's browser: no mode remembered
-        "--window-size=1400,900",
+        f"--window-size={size}",
         # Virtual time stands still while requests are pending: the UI renders with its data.
         "--virtual-time-budget=20000",
         *output,
@@ -86,11 +91,11 @@ def _page_text(url: str, profile: Path) -> list[str]:
     return parser.parts
 
 
-def _screenshot(url: str, profile: Path, name: str) -> None:
+def _screenshot(url: str, profile: Path, name: str, size: str = "1400,900") -> None:
     if os.environ.get("FLOW_UPDATE_SCREENSHOTS") != "1":
         return
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    _chromium(url, profile, f"--screenshot={SCREENSHOTS / name}")
+    _chromium(url, profile, f"--screenshot={SCREENSHOTS / name}", size=size)
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +179,20 @@ def test_an_existing_experiment_without_a_kind_gets_the_machine_learning_kind(
     assert client.get_experiment(untagged).tags[EXPERIMENT_KIND_TAG] == MACHINE_LEARNING_KIND
     # A kind someone chose is theirs.
     assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"
+
+
+def test_an_insight_report_renders_its_plots_and_findings_in_a_browser(tmp_path: Path) -> None:
+    """The report as MLflow's artifact view serves it: one HTML file, its plots inside it. A
+    planted drift is the report's first finding; the plots are images that decode (Chromium
+    gives a broken image no size)."""
+    stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
+    write(tmp_path, "live", [4000], buckets=1)
+    channel_insight(stack, str(tmp_path), "live", [0])
+    moved = add_commit(tmp_path, "live", shifted(rows(4000, seed=6), by=2.0))
+    _, folder = channel_insight(stack, str(tmp_path), "live", [moved])
+    page = (folder / "report.html").as_uri()
+    dom = _chromium(page, tmp_path / "profile", "--dump-dom").stdout
+    text = " ".join(_page_text(page, tmp_path / "profile-text"))
+    assert "price drifted" in text
+    assert dom.count("data:image/png;base64,") == 3
+    _screenshot(page, tmp_path / "profile-shot", "insight-report.png", size="1200,1800")

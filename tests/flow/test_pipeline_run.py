@@ -154,3 +154,12 @@ def test_a_correct_pipeline_file_passes_its_check_and_a_bad_flag_fails_it(tmp_pa
     assert run_file(tmp_path, good, "--check").returncode == 0
     assert run_file(tmp_path, UNKNOWN_KEY, "--check").returncode == 1
     assert run_file(tmp_path, good, "--check", "--stage", "nope").returncode == 2
+
+
+def test_a_caller_that_prints_its_own_table_turns_the_drivers_off() -> None:
+    from flow.pipeline.run import parse_run_args
+
+    assert parse_run_args([], ["backfill"]).summary
+    quiet = parse_run_args(["--continuous", "--no-summary"], ["backfill", "live"])
+    assert not quiet.summary
+    assert quiet.mode == "continuous"

@@ -72,6 +72,18 @@ def test_transform_of_raw_rows() -> None:
     assert 1 <= rows["sparse"][0][1] < 10
 
 
+def test_id_features_pass_their_raw_ids_and_a_null_becomes_the_null_id() -> None:
+    from flow.pipeline import Id
+    from flow.pipeline.features import NULL_ID
+
+    spec = FeatureSpec(name="ids", features=(Id("user"), Id("item", name="thing")))
+    state = FeatureState("ids", spec.fingerprint)
+    raw = pa.table({"user": [2**62 + 1, None], "item": pa.array([7, -3], pa.int32())})
+    rows = FeatureTransform(spec, state).apply(raw)
+    assert rows.column("ids").to_pylist() == [[2**62 + 1, 7], [NULL_ID, -3]]
+    assert compare(spec, rows, rows).lines() == ["2 rows, 3 features: 0 mismatches"]  # + weight
+
+
 def test_transform_names_missing_columns() -> None:
     with pytest.raises(ConfigError, match="reads column\\(s\\) score"):
         FeatureTransform(SPEC, STATE).apply(pa.table({"age": [1], "country": ["de"]}))

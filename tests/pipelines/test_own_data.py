@@ -1,5 +1,6 @@
 """The own-data pipelines (docs/own-data.md) are valid definitions over the tables that
-``flow load`` and ``flow import criteo`` write (no Spark: the definitions only)."""
+``flow load`` and ``flow import criteo`` write; on the stack, they train, and the Python
+transform of their raw inputs gives what Spark committed (``flow check consistency``)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from flow.config import StackConfig
 from flow.engine import RunOptions
 from flow.errors import ConfigError
 from flow.pipeline import BackfillStage, IcebergSource
+from flow.stack.iceberg import open_catalog
 from flow.training import TrainConfig
 from flow.workflows.criteo import (
     CATEGORICAL,
@@ -61,7 +64,9 @@ def test_a_criteo_table_elsewhere_keeps_its_namespace() -> None:
 def test_the_guide_s_criteo_example_trains_and_evaluates_on_the_later_rows(
     running_stack: StackConfig, tmp_path: Path
 ) -> None:
+    from spark_jobs.consistency import check_channel
     from spark_jobs.runner import run_pipeline
+    from spark_jobs.session import get_session
     from trainers.train import train
 
     sample = write_criteo_sample(tmp_path / "criteo.txt", rows=4000, seed=5)
@@ -92,3 +97,56 @@ def test_the_guide_s_criteo_example_trains_and_evaluates_on_the_later_rows(
     assert result.rows == 3000
     assert result.metrics["count"] == 1000  # evaluated on the later rows, every one
     assert sample.clicks > 0
+
+    # One transform, two executions: every feature of every row of both channels, matched on
+    # the time (one row a second), is what the Python transform makes of the imported row.
+    spark = get_session(running_stack, app_name="primus-flow-tests")
+    for channel, rows in (("train", 3000), ("test", 1000)):
+        check = check_channel(spark, running_stack, pipeline, channel, rows=rows, key="ts")
+        print("\n".join(check.lines()))
+        assert check.ok, check.lines()
+        assert (check.report.rows, check.report.features) == (rows, 2 + 13 + 26)
+
+
+@pytest.mark.integration
+def test_the_ratings_pipeline_s_features_are_the_python_transform_s(
+    running_stack: StackConfig,
+) -> None:
+    from spark_jobs.consistency import check_channel
+    from spark_jobs.runner import run_pipeline
+    from spark_jobs.session import get_session
+
+    namespace = f"r{uuid.uuid4().hex[:8]}"
+    start = datetime(2024, 1, 1, tzinfo=UTC)
+    rows = [
+        {
+            "user_id": n % 37 if n % 11 else 2**40 + n,  # large ids too: their text is hashed
+            "movie_id": (n * 7) % 101,
+            "rating": float(n % 5) + 0.5,
+            "ts": start + timedelta(seconds=n),  # one a second: the check's key
+            "label": int(n % 5 >= 3),
+        }
+        for n in range(500)
+    ]
+    schema = pa.schema(
+        [
+            ("user_id", pa.int64()),
+            ("movie_id", pa.int64()),
+            ("rating", pa.float64()),
+            ("ts", pa.timestamp("us", tz="UTC")),
+            ("label", pa.int32()),
+        ]
+    )
+    catalog = open_catalog(running_stack.catalog)
+    catalog.create_namespace_if_not_exists(namespace)
+    table = catalog.create_table(f"{namespace}.ratings", schema=schema)
+    table.append(pa.Table.from_pylist(rows, schema=schema))
+    pipeline = ratings(f"{namespace}.ratings")
+    (report,) = run_pipeline(pipeline, running_stack, RunOptions(tracking=False))
+    assert report.training_rows == 500
+
+    spark = get_session(running_stack, app_name="primus-flow-tests")
+    check = check_channel(spark, running_stack, pipeline, "ratings", rows=500, key="ts")
+    print("\n".join(check.lines()))
+    assert check.ok, check.lines()
+    assert (check.report.rows, check.report.features) == (500, 4)  # label, weight, 2 hashed

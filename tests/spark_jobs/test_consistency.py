@@ -13,8 +13,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from flow.config import StackConfig
+from flow.handoff import Channel
 from flow.pipeline import BackfillStage, Numeric
 from flow.pipeline.state import FeatureState
+from flow.transform import FeatureTransform
+from flow.transform.serving import ServingFeatures
 from spark_jobs.backfill import run_backfill
 from spark_jobs.consistency import check_channel
 from tests.spark_jobs.test_stages import TS, Lake, m
@@ -95,3 +98,35 @@ def test_a_backfill_channel_agrees_with_the_python_transform_and_a_change_is_nam
     print("\n".join(bounded.lines()))
     assert [m.feature for m in bounded.report.mismatches] == ["position"]
     assert 0 < bounded.report.mismatches[0].rows < 60  # positions 12, 30 and 50, not the rest
+
+
+def test_a_backfill_channel_records_its_features_and_raw_examples_for_serving(
+    spark: SparkSession, lake: Lake
+) -> None:
+    pipeline = lake.pipeline()
+    stage = pipeline.stage("backfill", BackfillStage)
+    _, state = run_backfill(spark, pipeline, stage, lake.stack)
+
+    channel = Channel(f"{lake.stack.handoff}/{lake.ns}", "backfill")
+    recorded = channel.features()
+    assert recorded is not None
+    features = ServingFeatures.from_dict(recorded)
+    assert features.spec == stage.features
+    assert features.state.version == state.version == channel.meta().feature_state
+    # The features' raw inputs with the types the pipeline declares (after the enrichment).
+    assert features.inputs == {
+        "user_id": "long",
+        "user_country": "string",
+        "device": "string",
+        "position": "int",
+    }
+    # Two rows of the lake's impressions as the stage saw them, without nulls.
+    assert len(features.example) == 2
+    for row in features.example:
+        assert row["user_id"] in (1, 2, 3, 4)
+        assert row["device"] in ("ios", "android", "web")
+        assert row["user_country"] in ("us", "de", "fr")
+        assert 1 <= row["position"] <= 50
+    example = features.example_table()
+    assert example.schema == features.schema()
+    assert FeatureTransform(features.spec, features.state).apply(example).num_rows == 2

@@ -109,3 +109,22 @@ def test_nothing_found_is_none_and_wrappers_alone_are_named() -> None:
     only = root_cause("org.apache.spark.SparkException: Job aborted")
     assert only is not None
     assert only.short_name == "SparkException"
+
+
+STATE_CHANGED = """[STREAM_FAILED] Query [id = e2b7, runId = f4d5] terminated with exception: \
+[STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE] Provided value schema does not match existing state \
+value schema.
+Please check number and type of fields.
+\tat org.apache.spark.sql.execution.streaming.state.StateStoreErrors$.x(StateStoreErrors.scala:158)
+"""
+
+
+def test_a_checkpoint_of_another_query_is_named_and_not_restarted() -> None:
+    # What Spark 4.1 says when a stage resumes a checkpoint whose join was of another type
+    # (tests/spark_jobs/test_join_resume.py): the class is not in the text, the condition is.
+    cause = root_cause(STATE_CHANGED)
+    assert cause is not None
+    assert cause.short_name == "StateStoreValueSchemaNotCompatible"
+    assert cause.kind == "checkpoint of another query"
+    assert not cause.transient
+    assert "new checkpoint" in cause.remedy

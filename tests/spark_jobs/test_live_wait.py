@@ -62,7 +62,13 @@ def batch(batch_id: int, rows: int, state_rows: int, run: str = "r1") -> dict[st
         "numInputRows": rows,
         "inputRowsPerSecond": 10.0,
         "processedRowsPerSecond": 20.0,
-        "durationMs": {"triggerExecution": 30, "addBatch": 25},
+        "timestamp": "2026-11-28T10:07:30.500Z",
+        "durationMs": {
+            "triggerExecution": 30,
+            "addBatch": 25,
+            "latestOffset": 1,
+            "queryPlanning": 3,
+        },
         "stateOperators": [{"numRowsTotal": state_rows, "numRowsDroppedByWatermark": 0}],
         "sources": [{"metrics": {"maxOffsetsBehindLatest": "4", "avgOffsetsBehindLatest": "2"}}],
     }
@@ -91,6 +97,9 @@ def test_each_batch_is_reported_once() -> None:
     assert [step for _, step in batches] == [0, 1]  # polled in the loop and after it: once each
     assert batches[0][0]["batch_rows_in"] == 5.0
     assert batches[0][0]["batch_sink_ms"] == 25.0
+    # What freshness's breakdown reads: the steps before the jobs, and when the batch began.
+    assert batches[0][0]["batch_planning_ms"] == 4.0
+    assert batches[0][0]["batch_started_s"] == 1795860450.5
     assert batches[0][0]["kafka_lag_max"] == 4.0
     assert (watch.rows_in, watch.state_rows, watch.batches, watch.last_batch) == (7, 4, 2, 1)
     assert said == ["asked to stop; stopping the query"]

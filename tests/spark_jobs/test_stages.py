@@ -719,6 +719,12 @@ def test_a_live_stage_labels_late_clicks_sees_dimension_updates_and_reconciles(
     assert (report.events_input, report.training_rows, report.events_dead) == (10, 4, 5)
     assert report.pending == 1  # e9 waits for its window
     assert report.reconciled
+    # What a served model needs of the features, recorded with the channel; no raw example
+    # rows (a live stage's exist only inside its streaming plan).
+    recorded = Channel(f"{world.stack.handoff}/{world.ns}", "live").features()
+    assert recorded is not None
+    assert set(recorded["inputs"]) == {"user_id", "user_country", "device", "position"}
+    assert recorded["example"] == []
 
     # A restart resumes from the checkpoint: e9 comes out, nothing is read or written twice.
     world.send(

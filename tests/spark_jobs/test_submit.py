@@ -3,7 +3,9 @@ from __future__ import annotations
 import stat
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -272,14 +274,17 @@ def test_flow_submit_prints_no_secret_and_removes_the_file_after_the_job(
 ) -> None:
     seen: list[list[str]] = []
 
-    def call(argv: list[str], env: dict[str, str]) -> int:
-        seen.append(argv)
-        assert Path(_pairs(argv, "--properties-file")[0]).exists()  # there while it runs
-        return 0
+    class Ran:
+        def wait(self) -> int:
+            return 0
 
-    monkeypatch.setattr(subprocess, "call", call)
+    def start(argv: Sequence[str], env: Mapping[str, str]) -> Any:
+        seen.append(list(argv))
+        assert Path(_pairs(list(argv), "--properties-file")[0]).exists()  # there while it runs
+        return Ran()
+
     monkeypatch.setattr(jobs, "console", make_console())  # on the captured stderr
-    assert jobs.launch([app], secret_stack) == 0
+    assert jobs.launch([app], secret_stack, start=start) == 0
     printed = capsys.readouterr().err
     assert "spark-submit" in printed
     assert "s3cr3t" not in printed

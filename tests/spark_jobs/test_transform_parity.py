@@ -24,6 +24,7 @@ from flow.pipeline import (
     FeatureSpec,
     Hashed,
     HashedSequence,
+    Id,
     Numeric,
     Vocabulary,
 )
@@ -59,6 +60,8 @@ SPEC = FeatureSpec(
         Cross(("s", "l", "flag"), buckets=1000, name="three"),
         HashedSequence("seq", max_length=4, buckets=32),
         HashedSequence("lseq", max_length=2, buckets=1 << 16),
+        Id("l", name="l_id"),
+        Id("i", name="i_id"),
     ),
     weight="w",
     passthrough=("id",),
@@ -176,3 +179,5 @@ def test_python_transform_equals_spark_sql_for_every_feature_kind(
         spark_values = np.asarray(by_spark.column(column).to_pylist(), dtype=np.float64)
         python_values = np.asarray(by_python.column(column).to_pylist(), dtype=np.float64)
         np.testing.assert_array_equal(spark_values, python_values)
+    # The raw ids of Id features, extreme ones too, as int64 (a double would round them).
+    assert by_spark.column("ids").to_pylist() == by_python.column("ids").to_pylist()

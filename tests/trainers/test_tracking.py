@@ -106,6 +106,16 @@ def test_a_worse_model_is_not_promoted_and_the_champion_warm_starts_the_next(
     client = MlflowClient(tracking_uri=uri)
     assert client.get_model_version_by_alias(name, "champion").version == first.model_version
     assert client.get_run(worse.run_id or "").data.tags["flow.promotion"] == "kept"
+    # Each version says how it was judged, what it was trained on and by which run.
+    for result, outcome in ((first, "promoted"), (worse, "kept")):
+        assert result.decision is not None
+        tags = client.get_model_version(name, result.model_version or "").tags
+        assert tags["flow.promotion"] == outcome
+        assert tags["flow.promotion.reason"] == result.decision.reason
+        assert tags["flow.run_id"] == result.run_id
+        assert tags["flow.channels"] == "train"
+        assert tags["flow.commits.train"] == "0..1"
+        assert tags["flow.inputs"] == "features"  # its channel recorded no raw features
 
     warm = train(replace(base, init_from_champion=True, epochs=1), tracking_uri=uri, say=print)
     assert warm.decision is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +40,7 @@ def test_the_demo_runs_end_to_end_and_its_summary_reconciles(
     args += ["--live-seconds", "40", "--drain-seconds", "20"]
     done = run_flow([*args, "--json"], stack_env, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary = json.loads(done.stdout)  # --json: the document alone on stdout
     backfill, live = summary["stages"]["backfill"], summary["stages"]["live"]
     assert backfill["reconciled"]
     assert live["reconciled"]
@@ -57,12 +58,37 @@ def test_the_demo_runs_end_to_end_and_its_summary_reconciles(
     fresh = summary["freshness"]
     assert fresh["produced_to_committed"]["p50"] > 0
     assert fresh["produced_to_trained"]["p50"] is not None
-    # The table a person reads (stderr) says the same as the JSON: one row per stage.
-    rows = {
-        stage: line
-        for line in done.stderr.splitlines()
-        for stage in ("backfill", "live")
-        if f" {stage} " in line and "reconcile" in line
-    }
-    assert set(rows) == {"backfill", "live"}, done.stderr[-3000:]
-    assert not any("do NOT" in line for line in rows.values())
+
+    # What a person reads (stderr with --json): one table, its legend, each line's source.
+    said = done.stderr
+    # The Spark driver's own table of the stages is not printed as well.
+    assert said.count("┏") == 1, said[-6000:]
+    assert "demo: each stage, and the model on its rows" in said
+    counts = next(line for line in said.splitlines() if line.startswith("│ counts "))
+    assert counts.count("reconcile") == 2
+    assert "do NOT" not in counts
+    assert "What the figures are" in said
+    assert "calibration" in said[said.index("What the figures are") :]
+    lines = said.splitlines()
+    # (The services say nothing here: the test's stack is up before the demo starts.)
+    for source in ("demo", "generator", "spark", "trainer"):
+        assert any(f" {source:<9} | " in line for line in lines), source
+    # The trainer's whole result is a file the terminal names, not a line of JSON.
+    assert not any(line.lstrip().startswith(("trainer: {", '{"steps"')) for line in lines)
+    assert max(len(line) for line in lines) < 5_000  # the JSON line was 28,000 characters
+    result = json.loads(Path(summary["trainer_result"]).read_text())
+    assert result["rows"] == summary["trained_rows"]
+    assert any(summary["trainer_result"] in line for line in lines)
+    # Known noise goes to the log file only; the log has every line of every process.
+    log = Path(summary["log"]).read_text()
+    assert "Current batch is falling behind" not in said
+    assert "serialized using CloudPickle" not in said
+    assert "only in the log: " in said
+    assert " spark     | " in log
+    assert " trainer   | " in log
+
+    # flow insight after the demo: the live channel's numbers in raw units (years of age).
+    profiles = sorted((running_stack.home / "insight").glob("*/live/*/profile.json"))
+    numeric = json.loads(profiles[-1].read_text())["numeric"]
+    assert numeric["user_age"]["raw"]
+    assert 16 <= numeric["user_age"]["mean"] <= 90

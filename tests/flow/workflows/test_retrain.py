@@ -55,6 +55,13 @@ def test_retraining_is_incremental_and_promotes_only_a_model_that_is_not_worse(
 
     client = MlflowClient(tracking_uri=running_stack.mlflow.tracking_uri)
     assert client.get_model_version_by_alias(name, "champion").version == "1"
+    # Each version says what it read (the retraining read only the new commit) and its fate.
+    first, second = (client.get_model_version(name, v).tags for v in ("1", "2"))
+    assert (first["flow.commits.backfill"], second["flow.commits.backfill"]) == ("0..0", "1..1")
+    assert (first["flow.promotion"], second["flow.promotion"]) == ("promoted", "kept")
+    assert "below the champion's" in second["flow.promotion.reason"]
+    assert first["flow.feature_state"] == second["flow.feature_state"]  # the champion's state
+    assert first["flow.inputs"] == second["flow.inputs"] == "raw"
     experiment = client.get_experiment_by_name("retrain-ctr_backfill")
     assert experiment is not None
     runs = client.search_runs(

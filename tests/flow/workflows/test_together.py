@@ -9,7 +9,7 @@ import pytest
 from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.training import load_config, parse_args
-from flow.workflows.together import TrainerLaunch, following_the_job
+from flow.workflows.together import TrainerLaunch, following_the_job, result_file
 from tests.support import Writer, stack_env_for
 
 
@@ -26,6 +26,9 @@ def test_the_trainer_follows_the_named_channels_of_its_namespace(tmp_path: Path)
     assert given.parent_run_id == "run-1"
     assert given.wait_for_channels >= 600
     assert given.model.name == "deepfm"
+    # Its whole result goes to a file beside its configuration: the terminal gets one line.
+    assert given.result_file == result_file(stack, "run-1")
+    assert given.result_file.parent == launch.file.parent
     assert given.handoff == launch.handoff
     assert given.checkpoint_dir is not None
     assert Path(given.checkpoint_dir).parent == Path(stack.checkpoints) / "ctr" / "trainer" / "live"
