@@ -144,60 +144,61 @@ def percentiles(seconds: list[float], prefix: str = "") -> dict[str, float]:
 
 
 def timed(
-    call: Callable[[int], object], requests: int, warmup: int
+    prepare: Callable[[int], Any], call: Callable[[Any], object], requests: int, warmup: int
 ) -> tuple[list[float], list[float]]:
-    """Wall and CPU seconds of this thread for each of ``requests`` calls ``call(i)``, after
-    ``warmup`` untimed ones. The CPU time is what a request costs on a core of its own: on a
-    shared machine the wall time's tail is mostly waiting for one."""
+    """Wall and CPU seconds of this thread for each of ``requests`` calls ``call(prepare(i))``,
+    after ``warmup`` untimed ones; ``prepare`` runs before the clock starts. The CPU time is what
+    a request costs on a core of its own: on a shared machine the wall time's tail is mostly
+    waiting for one.
+
+    Each request's input is made just before it and dropped after, as a server's are: inputs
+    made all at once beforehand stay alive, grow as pandas caches their columns, and bring
+    Python's full collections over them into the requests (60-450 ms each, every few hundred)."""
     for i in range(warmup):
-        call(i)
+        call(prepare(i))
     wall, cpu = [], []
     for i in range(requests):
+        given = prepare(warmup + i)
         started, used = time.perf_counter(), time.thread_time()
-        call(warmup + i)
+        call(given)
         cpu.append(time.thread_time() - used)
         wall.append(time.perf_counter() - started)
+        del given
     return wall, cpu
 
 
-def frames(raw: pd.DataFrame, size: int, count: int) -> list[pd.DataFrame]:
-    """``count`` requests of ``size`` consecutive rows each, wrapping round the rows."""
+def frame(raw: pd.DataFrame, size: int, i: int) -> pd.DataFrame:
+    """The ``i``-th request: ``size`` consecutive rows, wrapping round the rows."""
     n = len(raw)
-    return [
-        raw.iloc[[(i * size + j) % n for j in range(size)]].reset_index(drop=True)
-        for i in range(count)
-    ]
+    return raw.iloc[[(i * size + j) % n for j in range(size)]].reset_index(drop=True)
 
 
 def in_process(
-    model: Any, requests: list[pd.DataFrame], warmup: int
+    model: Any, pool: pd.DataFrame, size: int, requests: int, warmup: int
 ) -> tuple[list[float], list[float]]:
-    def predict(i: int) -> None:
-        model.predict(requests[i % len(requests)])
-
-    return timed(predict, len(requests) - warmup, warmup)
+    return timed(lambda i: frame(pool, size, i), model.predict, requests, warmup)
 
 
 def over_http(
-    url: str, requests: list[pd.DataFrame], warmup: int
+    url: str, pool: pd.DataFrame, size: int, requests: int, warmup: int
 ) -> tuple[list[float], list[float]]:
-    bodies = [
-        json.dumps({"dataframe_split": json.loads(f.to_json(orient="split", index=False))})
-        for f in requests
-    ]
     host, port = url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
     headers = {"Content-Type": "application/json"}
 
-    def post(i: int) -> None:
-        connection.request("POST", "/invocations", bodies[i % len(bodies)], headers)
+    def body(i: int) -> str:
+        split = json.loads(frame(pool, size, i).to_json(orient="split", index=False))
+        return json.dumps({"dataframe_split": split})
+
+    def post(given: str) -> None:
+        connection.request("POST", "/invocations", given, headers)
         response = connection.getresponse()
         answer = response.read()
         if response.status != 200:
             raise RuntimeError(f"the server answered {response.status}: {answer[:500]!r}")
 
     try:
-        return timed(post, len(requests) - warmup, warmup)
+        return timed(body, post, requests, warmup)
     finally:
         connection.close()
 
@@ -225,21 +226,19 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     table = raw.select(columns)
     pool = table.to_pandas()
     results = []
-    count = args.requests + args.warmup
     for size in SIZES:
-        requests = frames(pool, size, count)
         if args.profile:
             print(f"-- profile, {size} row(s) a request")
-            profile(model, requests[: min(count, 300)])
-        wall, cpu = in_process(model, requests, args.warmup)
+            profile(model, [frame(pool, size, i) for i in range(300)])
+        wall, cpu = in_process(model, pool, size, args.requests, args.warmup)
         figures = {**percentiles(wall), **percentiles(cpu, "cpu_"), "requests": len(wall)}
         results.append({"path": "in-process", "rows": size, **figures})
         _show(results[-1])
     if not args.no_http:
         with model_server(uri, tracking_uri=tracking, log=folder / "serve.log") as url:
             for size in SIZES:
-                requests = frames(pool, size, count)
-                wall, _ = over_http(url, requests, args.warmup)  # the server's CPU is not ours
+                # The server's CPU is not this thread's: wall time only.
+                wall, _ = over_http(url, pool, size, args.requests, args.warmup)
                 figures = {**percentiles(wall), "requests": len(wall)}
                 results.append({"path": "http", "rows": size, **figures})
                 _show(results[-1])

@@ -27,7 +27,7 @@ from flow.errors import ConfigError
 from flow.pipeline.state import Layout
 from flow.transform import FeatureTransform
 from flow.transform.serving import ServingFeatures
-from trainers.export import CTRPredictor, example_frame, one_thread, save_model
+from trainers.export import CTRPredictor, example_frame, one_thread, save_model, settle_collector
 from trainers.models import CTRModel
 
 __all__ = [
@@ -107,6 +107,7 @@ class RawCTRPredictor(CTRPredictor):
         super().load_context(context)
         saved = ServingFeatures.from_json(Path(context.artifacts["features"]).read_text())
         self.prepare(saved)
+        settle_collector()
 
     def prepare(self, features: ServingFeatures) -> None:
         self.transform = FeatureTransform(features.spec, features.state)
