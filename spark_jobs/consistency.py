@@ -161,7 +161,7 @@ def _pipeline_for(namespace: str, channel: str, given: str | None) -> Pipeline:
     """The pipeline file ``given``, or pipelines/<name>.py of the pipeline that wrote the
     channel's last commit (its writer is ``<pipeline>.<stage>``)."""
     if given is not None:
-        pipeline = load_pipeline(given)
+        pipeline = load_pipeline(given, namespace)
     else:
         from flow.handoff import Channel
         from flow.storage import namespace_locations
@@ -181,7 +181,7 @@ def _pipeline_for(namespace: str, channel: str, given: str | None) -> Pipeline:
                 f"channel {channel!r} was written by pipeline {name!r}; no {path} here: give "
                 "--pipeline FILE"
             )
-        pipeline = load_pipeline(str(path))
+        pipeline = load_pipeline(str(path), namespace)
     if pipeline.namespace != namespace:
         raise ConfigError(
             f"pipeline {pipeline.name!r} writes namespace {pipeline.namespace!r}, not {namespace!r}"

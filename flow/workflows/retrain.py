@@ -16,6 +16,7 @@ Every retraining, trained or not, is one MLflow run with its outcome and reason 
 
 from __future__ import annotations
 
+import inspect
 import json
 import runpy
 import shlex
@@ -63,14 +64,19 @@ class RetrainOutcome:
     run_id: str
 
 
-def load_pipeline(app: str) -> Pipeline:
-    """The Pipeline a pipeline file builds: its function named like the file, called as is."""
+def load_pipeline(app: str, namespace: str | None = None) -> Pipeline:
+    """The Pipeline a pipeline file builds: its function named like the file, called as is, or
+    with ``namespace`` where given and the function takes one (``flow demo`` runs
+    pipelines/ctr_demo.py with ``--namespace demo``: its channels are checked as ``demo``)."""
     path = Path(app)
     if not path.exists():
         raise ConfigError(f"no pipeline file {app}; give a path such as pipelines/ctr_backfill.py")
     found = runpy.run_path(str(path), run_name="flow_pipeline")
     make = found.get(path.stem)
-    pipeline = make() if callable(make) else None
+    pipeline = None
+    if callable(make):
+        takes = "namespace" in inspect.signature(make).parameters
+        pipeline = make(namespace=namespace) if namespace and takes else make()
     if not isinstance(pipeline, Pipeline):
         raise ConfigError(
             f"{app} has no function {path.stem}() returning a Pipeline; retraining needs one "

@@ -81,3 +81,18 @@ def test_without_external_settings_the_local_mlflow_is_started(started: list[str
     assert "mlflow" in started[0]
     assert "kafka" not in started[0].lower()
     assert isinstance(result.exception, StartedError)
+
+
+def test_a_pipeline_file_is_built_for_the_namespace_asked_when_it_takes_one(
+    tmp_path: Path,
+) -> None:
+    """flow demo runs pipelines/ctr_demo.py with --namespace demo: `flow check consistency demo
+    backfill` builds it for `demo`, where it called it as is and found namespace `ctr`."""
+    assert load_pipeline("pipelines/ctr_demo.py").namespace == "ctr"
+    assert load_pipeline("pipelines/ctr_demo.py", "demo").namespace == "demo"
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(
+        "from pipelines.ctr_backfill import ctr_backfill\n\n"
+        "def fixed():\n    return ctr_backfill('elsewhere')\n"
+    )
+    assert load_pipeline(str(fixed), "demo").namespace == "elsewhere"  # takes none: as is
