@@ -15,7 +15,9 @@ sent when they come due), with a DLRM trainer following the live channel. Report
 targets of issue 17:
 
 * produced -> committed (the live channel's rows against their commit times) and produced ->
-  trained (the trainer's clock when it trained on each row), p50 and p99;
+  trained (the trainer's clock when it trained on each row), p50 and p99, and by leg: the
+  stage's (waiting, planning, jobs and commit) and the trainer's, measured (committed -> picked
+  up, picked up -> trained: :func:`legs_of`);
 * the live stage's lag: Kafka offsets behind the latest per micro-batch, and batch durations;
 * the positive rate and calibration of the live rows trained on (corrected for immediate
   labels), and the model's AUC beside the oracle's on the same rows.
@@ -37,10 +39,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from flow.config import StackConfig
 from flow.console import console
 from flow.handoff import Channel
-from flow.insight.freshness import BatchTimes, channel_freshness
+from flow.insight.freshness import BatchTimes, channel_freshness, lag_quantiles
 from flow.storage import namespace_locations
 from flow.workflows.demo import DemoSize, run_demo
 from flow.workflows.demo_summary import summarize
@@ -95,41 +99,75 @@ def _batch_times(stack: StackConfig, parent: str) -> dict[int, BatchTimes]:
 
 
 def breakdown(stack: StackConfig, parent: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """Where an impression's seconds go, produced -> trained, by leg (issue 47's step 1).
-
-    Per row from the live channel and the stage's batch times: waiting for the batch that
-    reads it, the batch's planning, its jobs and commit. The trainer's leg (its poll, the
-    read, the shuffle window, the step) is the difference of produced -> trained's quantile
-    and produced -> committed's: the trainer records one produced time per training batch
-    (its median), not per row, so this leg is not measured per row."""
+    """Where an impression's seconds go, produced -> trained, by leg (issue 47's step 1): see
+    :func:`legs_of`, fed the live channel, the stage's batch times and the trainer's legs."""
     handoff = namespace_locations(stack, NAMESPACE).handoff.uri
     if not Channel(handoff, "live").exists():
         return {}
     found = channel_freshness(handoff, "live", batches=_batch_times(stack, parent))
-    legs: dict[str, Any] = dict(found.legs)
-    trained = summary["freshness"]["produced_to_trained"]
-    committed = found.produced_to_committed
-    legs["committed_to_trained"] = {
-        q: trained[q] - committed[q]
-        for q in ("p50", "p99")
-        if trained.get(q) is not None and q in committed
-    }
+    logged = _artifact(stack, parent, "freshness_legs.json")
+    return legs_of(
+        found.legs,
+        found.produced_to_committed,
+        summary["freshness"]["produced_to_trained"],
+        logged.get("live") if isinstance(logged, dict) else None,
+    )
+
+
+def legs_of(
+    stage: dict[str, dict[str, float]],
+    committed: dict[str, float],
+    trained: dict[str, float | None],
+    trainer: dict[str, list[list[float]]] | None,
+) -> dict[str, Any]:
+    """The legs, quantiles in seconds. The ``stage``'s, per row from the live channel and the
+    stage's batch times: waiting for the batch that reads it, its planning, its jobs and commit.
+
+    The ``trainer``'s, measured (its run's ``freshness_legs.json`` for the channel): committed
+    -> picked up per commit (the poll that listed it), each counted once per row;
+    picked up -> trained and window ready -> trained per training batch (trainers.result).
+    ``committed_to_trained`` stays beside them: produced -> trained's quantile less produced ->
+    committed's (a difference of quantiles, not a leg: at p99 it can come out negative)."""
+    legs: dict[str, Any] = dict(stage)
+    if trainer:
+        commits = trainer.get("commits") or []
+        waited = np.repeat([c[2] for c in commits], [int(c[1]) for c in commits])
+        batches = np.asarray(trainer.get("batches") or [], dtype=np.float64).reshape(-1, 2)
+        for name, values in (
+            ("committed_to_picked_up", waited),
+            ("picked_up_to_trained", batches[:, 0]),
+            ("ready_to_trained", batches[:, 1]),
+        ):
+            if len(values):
+                legs[name] = lag_quantiles(values)
+    difference = {}
+    for q in ("p50", "p99"):
+        value = trained.get(q)
+        if value is not None and q in committed:
+            difference[q] = value - committed[q]
+    legs["committed_to_trained"] = difference
     return legs
+
+
+def _artifact(stack: StackConfig, parent: str, name: str) -> Any:
+    """A JSON file the trainer's run logged (None: no such run or file)."""
+    found_run = _child_run(stack, parent, "train")
+    if found_run is None:
+        return None
+    client, run = found_run
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = client.download_artifacts(run, name, folder)
+        except Exception:  # an older trainer logged none
+            return None
+        return json.loads(Path(path).read_text())
 
 
 def _series(stack: StackConfig, parent: str) -> list[list[float]]:
     """The trainer's live batches in order: [seconds since its first live batch, produced ->
     trained seconds] (its run's ``freshness_produced.json``)."""
-    found_run = _child_run(stack, parent, "train")
-    if found_run is None:
-        return []
-    client, run = found_run
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            path = client.download_artifacts(run, "freshness_produced.json", folder)
-        except Exception:  # an older trainer logged none
-            return []
-        series: list[list[float]] = json.loads(Path(path).read_text()).get("live", [])
+    logged = _artifact(stack, parent, "freshness_produced.json")
+    series: list[list[float]] = logged.get("live", []) if isinstance(logged, dict) else []
     return series
 
 
@@ -254,21 +292,35 @@ def _show(summary: dict[str, Any]) -> None:
     out.print(f"  reproduce: {_command(summary['args'])}", highlight=False, soft_wrap=True)
     for label, value in rows:
         out.print(f"  {label:48} {value}", highlight=False)
-    legs = summary.get("breakdown") or {}
-    if legs:
-        out.print("  [bold]produced -> trained by leg[/] (seconds, p50 / p99)")
-        for name, label in LEGS:
-            if name in legs:
-                out.print(f"    {label:46} {q(legs[name])}", highlight=False)
+    for line in leg_lines(summary.get("breakdown") or {}):
+        out.print(line, highlight=False)
 
 
 LEGS = (
     ("waiting", "waiting for the micro-batch that reads it"),
     ("planning", "the batch's planning (offsets, plan, WAL)"),
     ("jobs_and_commit", "the batch's jobs and the commit"),
-    ("committed_to_trained", "committed -> trained (poll, read, step)*"),
+    ("committed_to_picked_up", "committed -> picked up (poll, listing)"),
+    ("picked_up_to_trained", "picked up -> trained (read, window, step)"),
+    ("ready_to_trained", "  of which window ready -> trained (queue, step)"),
+    ("committed_to_trained", "committed -> trained, p - p*"),
 )
-"""The breakdown's legs, in order (``*``: a difference of quantiles, see breakdown)."""
+"""The breakdown's legs, in order (``*``: a difference of quantiles, see legs_of)."""
+
+
+def leg_lines(legs: dict[str, dict[str, float]]) -> list[str]:
+    """The breakdown as lines for the terminal (none without legs)."""
+    if not legs:
+        return []
+    lines = ["  [bold]produced -> trained by leg[/] (seconds, p50 / p99)"]
+    for name, label in LEGS:
+        if name in legs:
+            p50, p99 = legs[name].get("p50"), legs[name].get("p99")
+            said = " / ".join(f"{v:.1f}" if v is not None else "n/a" for v in (p50, p99))
+            lines.append(f"    {label:50} {said}")
+    if "committed_to_trained" in legs:
+        lines.append("    * a difference of quantiles (produced -> trained less -> committed)")
+    return lines
 
 
 def _command(args: dict[str, Any]) -> str:

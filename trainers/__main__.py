@@ -31,7 +31,7 @@ COMMANDS = ("train", "doctor")
 def _train(argv: list[str]) -> int:
     from flow.config import StackConfig
     from flow.training import parse_args
-    from trainers.result import freshness_series
+    from trainers.result import LEGS, freshness_legs, freshness_series
     from trainers.train import train
 
     stack = StackConfig.from_env()
@@ -54,9 +54,18 @@ def _train(argv: list[str]) -> int:
         },
     }
     del summary["freshness_produced_at"]
+    for name in LEGS:  # per batch or commit: their quantiles here, in full in the file
+        summary[f"{name}_s"] = {
+            channel: {"p50": result.leg(name, 0.5, channel), "p99": result.leg(name, 0.99, channel)}
+            for channel in result.picked_up_to_trained_s
+        }
     if config.result_file is not None and result.leader:
         # The batches' freshness in order: for the file, not the terminal.
-        written = {**summary, "freshness_produced_series": freshness_series(result)}
+        written = {
+            **summary,
+            "freshness_produced_series": freshness_series(result),
+            "freshness_legs": freshness_legs(result),
+        }
         config.result_file.write_text(json.dumps(written, indent=2, default=str))
     if result.leader:
         print(headline(result, config.result_file), flush=True)

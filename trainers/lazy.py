@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from flow.errors import ConfigError
-from flow.handoff import Channel, ChannelReader, ReadOptions, WindowSlice, World
+from flow.handoff import Channel, ChannelReader, Origin, ReadOptions, WindowSlice, World
 from flow.handoff.reader import EVERY_RANK
 
 __all__ = ["LazyReader"]
@@ -49,6 +49,10 @@ class LazyReader:
     @property
     def epoch(self) -> int:
         return self.reader.epoch if self.reader is not None else 0
+
+    @property
+    def origin(self) -> Origin | None:
+        return self.reader.origin if self.reader is not None else None
 
     def _open(self) -> ChannelReader:
         deadline = time.monotonic() + self.wait_s

@@ -20,7 +20,8 @@ core), unless ``ahead`` says otherwise.
 
 Each batch comes with its channel (a batch never mixes channels: each channel's reader cuts its
 own windows, a mixed reader draws whole batches; a window slice names its channel in its key),
-the reader's epoch (a row of epoch 1 or later is seen again), and the columns read for metrics
+the reader's epoch (a row of epoch 1 or later is seen again), a followed channel's origin (the
+commits of the batch's window and when they were picked up), and the columns read for metrics
 only, on the host and never handed to the model: event and production times, an oracle's
 probabilities and the rows' label keys (hashed), nulls kept as markers. ``optional`` columns
 (the row ``weight``) join the tensors where a channel has them.
@@ -47,7 +48,7 @@ import pyarrow as pa
 import torch
 
 from flow.errors import ConfigError
-from flow.handoff import WindowSlice
+from flow.handoff import Origin, WindowSlice
 from trainers.data import key_hashes, pack_columns, probabilities, timestamps_us, to_tensors
 
 __all__ = ["Batch", "DeviceLoader", "ShuffleOn", "StallMeter"]
@@ -85,6 +86,9 @@ class Batch:
     keys: np.ndarray | None = None
     """The rows' label keys as int64 hashes (``data.NO_KEY`` where null), for metrics only: they
     tie an immediate channel's positive row to its impression."""
+    origin: Origin | None = None
+    """A followed channel's batch: the commits of its shuffle window and when the reader picked
+    each up (``ChannelReader.origin``), for freshness by leg."""
     ready: torch.cuda.Event | None = None
     """Recorded on the copy stream after the batch's tensors were written (CUDA only)."""
     idle: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
@@ -201,6 +205,7 @@ class DeviceLoader:
         cursor = self.reader.state_dict()  # after this item, before any later pull
         batch = Batch({}, cursor, item.num_rows, 0.0, channel=self._channel(item))
         batch.epoch = int(getattr(self.reader, "epoch", 0))
+        batch.origin = getattr(self.reader, "origin", None)
         event = self._column(item, self.event_time)
         produced = self._column(item, self.produced_time)
         oracle = self._column(item, self.oracle)

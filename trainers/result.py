@@ -5,21 +5,28 @@ Each rank fills its own result; rank 0's is tracked and printed. Metric names:
 ``run_progressive_first_seen_<metric>`` and ``run_progressive_repeated_<metric>`` by pass,
 ``window_progressive_<metric>.<channel>`` per event-time window (the window's start, in seconds
 since the epoch, is the metric's step), ``freshness_p50_s.<channel>`` (event -> trained) and
-``freshness_produced_p50_s.<channel>`` (produced -> trained), and their p99.
+``freshness_produced_p50_s.<channel>`` (produced -> trained), and their p99; for a followed
+channel, the trainer's legs of it measured: ``committed_to_picked_up_p50_s.<channel>`` (each
+commit to the poll that found it, weighed by its rows), ``picked_up_to_trained_p50_s.<channel>``
+and ``ready_to_trained_p50_s.<channel>`` (per batch: see :func:`trainer_legs`), and their p99.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from trainers.promote import Decision
 
+if TYPE_CHECKING:
+    from flow.handoff import Origin
+
 __all__ = [
-    "FRESHNESS", "Since", "TrainResult", "final_metrics", "freshness_series", "summary_lines",
+    "FRESHNESS", "LEGS", "Since", "TrainResult", "final_metrics", "freshness_legs",
+    "freshness_series", "leg_quantile", "summary_lines", "trainer_legs",
 ]  # fmt: skip
 
 Since = Literal["event", "produced"]
@@ -29,6 +36,13 @@ FRESHNESS: tuple[tuple[Since, str], ...] = (
     ("produced", "freshness_produced"),
 )
 """Each kind of freshness and the prefix of its metric names."""
+LEGS = {
+    "committed_to_picked_up": "committed -> picked up",
+    "picked_up_to_trained": "picked up -> trained",
+    "ready_to_trained": "window ready -> trained",
+}
+"""The trainer's legs of a followed channel's freshness, measured (see :func:`trainer_legs`),
+and their names for people."""
 
 
 @dataclass
@@ -49,6 +63,15 @@ class TrainResult:
     freshness_produced_at: dict[str, list[float]] = field(default_factory=dict)
     """When each entry of ``freshness_produced_s`` was taken (seconds since the epoch): where
     in a run its slowest batches were."""
+    picked_up_to_trained_s: dict[str, list[float]] = field(default_factory=dict)
+    """Per followed channel, per batch: seconds from its rows' pick-up to the step using them
+    (see :func:`trainer_legs`)."""
+    ready_to_trained_s: dict[str, list[float]] = field(default_factory=dict)
+    """Per followed channel, per batch: seconds from its window's rows being read and cut into
+    batches to the step (the rest of picked up -> trained is reading and filling the window)."""
+    committed_to_picked_up_s: dict[str, dict[int, tuple[int, float]]] = field(default_factory=dict)
+    """Per followed channel, per commit trained on: its rows, and seconds from its commit to the
+    reader's poll that found it (the writer's clock against the trainer's)."""
     overall: dict[str, float] = field(default_factory=dict)
     """Progressive validation over the whole run (every batch scored before training on it)."""
     by_channel: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -76,6 +99,30 @@ class TrainResult:
     leader: bool = True
     """Rank 0: the rank that tracks, exports and reports."""
     world_size: int = 1
+
+    def add_origin(self, channel: str, origin: Origin, trained_s: float) -> None:
+        """A batch of a followed channel trained at ``trained_s``: its legs, and the pick-ups
+        of commits not seen before."""
+        legs = trainer_legs(origin, trained_s)
+        if legs is None:
+            return
+        self.picked_up_to_trained_s.setdefault(channel, []).append(legs[0])
+        self.ready_to_trained_s.setdefault(channel, []).append(legs[1])
+        commits = self.committed_to_picked_up_s.setdefault(channel, {})
+        for pickup in origin.commits:
+            if pickup.batch_id not in commits:
+                commits[pickup.batch_id] = (pickup.rows, pickup.waited_s)
+
+    def leg(self, name: str, quantile: float, channel: str) -> float | None:
+        """A quantile of one of the trainer's :data:`LEGS` of ``channel`` (None: none)."""
+        if name == "committed_to_picked_up":
+            commits = list(self.committed_to_picked_up_s.get(channel, {}).values())
+            return leg_quantile([s for _, s in commits], quantile, [r for r, _ in commits])
+        batches = {
+            "picked_up_to_trained": self.picked_up_to_trained_s,
+            "ready_to_trained": self.ready_to_trained_s,
+        }[name]
+        return leg_quantile(batches.get(channel, []), quantile)
 
     def times_since(self, since: Since) -> dict[str, list[float]]:
         return self.freshness_s if since == "event" else self.freshness_produced_s
@@ -116,6 +163,60 @@ def freshness_series(result: TrainResult) -> dict[str, list[list[float]]]:
     }
 
 
+def trainer_legs(origin: Origin, trained_s: float) -> tuple[float, float] | None:
+    """(picked up -> trained, window ready -> trained) seconds of a batch of ``origin``'s
+    window trained at ``trained_s``; None when no commit of the window is known.
+
+    A shuffle window mixes commits, and a batch is a uniform sample of its window: picked up
+    -> trained is the mean over the window's rows of ``trained_s`` less their commit's pick-up
+    (each commit weighed by its rows in the window), not the oldest commit's (an upper bound
+    that one straggling carried row would set)."""
+    rows = np.asarray(origin.rows, dtype=np.float64)
+    if not len(rows) or not rows.sum():
+        return None
+    found = np.array([p.found_s for p in origin.commits])
+    return trained_s - float(np.average(found, weights=rows)), trained_s - origin.ready_s
+
+
+def leg_quantile(
+    values: list[float], quantile: float, weights: list[int] | None = None
+) -> float | None:
+    """A quantile of ``values`` (None: none); with ``weights``, each value counted that many
+    times (a commit's rows), and the value at the quantile taken, not interpolated."""
+    if not values:
+        return None
+    if weights is None:
+        return float(np.quantile(values, quantile))
+    order = np.argsort(values)
+    sorted_values = np.asarray(values, dtype=np.float64)[order]
+    cumulative = np.cumsum(np.asarray(weights, dtype=np.float64)[order])
+    if not cumulative[-1]:
+        return None
+    at = int(np.searchsorted(cumulative, quantile * cumulative[-1], side="left"))
+    return float(sorted_values[min(at, len(values) - 1)])
+
+
+def freshness_legs(result: TrainResult) -> dict[str, dict[str, list[list[float]]]]:
+    """Per followed channel, the trainer's legs in full (``freshness_legs.json``): ``commits``,
+    ``[batch id, rows, committed -> picked up seconds]`` per commit; ``batches``, ``[picked up
+    -> trained, window ready -> trained]`` seconds per batch, in order."""
+    return {
+        name: {
+            "commits": [
+                [batch_id, rows, round(waited, 3)]
+                for batch_id, (rows, waited) in result.committed_to_picked_up_s.get(
+                    name, {}
+                ).items()
+            ],
+            "batches": [
+                [round(picked, 3), round(ready, 3)]
+                for picked, ready in zip(picked_up, result.ready_to_trained_s[name], strict=True)
+            ],
+        }
+        for name, picked_up in result.picked_up_to_trained_s.items()
+    }
+
+
 def final_metrics(result: TrainResult) -> dict[str, float]:
     """The figures of a run as MLflow metrics (the per-window ones are logged with the
     window's start as their step)."""
@@ -136,6 +237,10 @@ def final_metrics(result: TrainResult) -> dict[str, float]:
             for q in (0.5, 0.99):
                 value = result.freshness(q, channel, since=since)
                 final[f"{prefix}_p{round(q * 100)}_s.{channel}"] = value or 0
+    for channel in result.picked_up_to_trained_s:
+        for name in LEGS:
+            for q in (0.5, 0.99):
+                final[f"{name}_p{round(q * 100)}_s.{channel}"] = result.leg(name, q, channel) or 0
     return final
 
 
@@ -201,4 +306,11 @@ def summary_lines(result: TrainResult) -> list[str]:
             lines.append(
                 f"freshness {since} -> trained, channel {channel}: p50 {p50:.1f} s, p99 {p99:.1f} s"
             )
+    for channel in result.picked_up_to_trained_s:
+        legs = [
+            f"{label} p50 {result.leg(name, 0.5, channel) or 0:.1f} s, "
+            f"p99 {result.leg(name, 0.99, channel) or 0:.1f} s"
+            for name, label in LEGS.items()
+        ]
+        lines.append(f"freshness by leg, channel {channel}: " + "; ".join(legs))
     return lines

@@ -546,6 +546,8 @@ class Session:
         if produced is not None:
             result.freshness_produced_s.setdefault(batch.channel or "?", []).append(now - produced)
             result.freshness_produced_at.setdefault(batch.channel or "?", []).append(now)
+        if batch.origin is not None:  # a followed channel: the trainer's legs, measured
+            result.add_origin(batch.channel or "?", batch.origin, now)
 
     def _after_step(
         self, run: Run, result: TrainResult, loss: torch.Tensor, cursor: dict[str, Any], loop: _Loop

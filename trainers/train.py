@@ -29,7 +29,13 @@ from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Tracker
 from flow.training import TrainConfig
 from trainers.lineage import log_lineage
 from trainers.promote import Decision, decide, promote, tag_version, version_tags
-from trainers.result import TrainResult, final_metrics, freshness_series, summary_lines
+from trainers.result import (
+    TrainResult,
+    final_metrics,
+    freshness_legs,
+    freshness_series,
+    summary_lines,
+)
 from trainers.session import Exported, Session, export_model
 
 __all__ = ["TrainResult", "final_metrics", "summary_lines", "train"]
@@ -69,6 +75,8 @@ def train(
         run.log_metrics(final_metrics(result), step=result.steps)
         if result.freshness_produced_at:
             run.log_dict(freshness_series(result), "freshness_produced.json")
+        if result.picked_up_to_trained_s:
+            run.log_dict(freshness_legs(result), "freshness_legs.json")
         for channel, windows in result.by_window.items():
             for start, scores in windows.items():
                 run.log_metrics(

@@ -20,6 +20,7 @@ from flow.handoff.channel import Channel, ConsumerPosition, list_channels
 from flow.handoff.convert import Conversion, convert
 from flow.handoff.format import ChannelMeta, Commit, ShardInfo, WriterHead
 from flow.handoff.mix import MixedReader
+from flow.handoff.pickup import Origin, PickUp
 from flow.handoff.plan import World
 from flow.handoff.reader import ChannelReader, ReadOptions, ReadStats, every_rank
 from flow.handoff.sequence import MissingCommit
@@ -36,6 +37,8 @@ __all__ = [
     "Conversion",
     "MissingCommit",
     "MixedReader",
+    "Origin",
+    "PickUp",
     "Problem",
     "ReadOptions",
     "ReadStats",

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from flow.errors import ConfigError
+from flow.handoff.pickup import Origin
 from flow.handoff.reader import EVERY_RANK, every_rank
 from flow.handoff.slices import WindowSlice
 
@@ -68,6 +69,13 @@ class MixedReader:
         self.exhausted: list[str] = []
         self.last_channel: str | None = None
         """The channel the last batch came from."""
+
+    @property
+    def origin(self) -> Origin | None:
+        """The last batch's channel reader's :attr:`~flow.handoff.ChannelReader.origin`."""
+        reader = self.readers.get(self.last_channel) if self.last_channel else None
+        found: Origin | None = getattr(reader, "origin", None)
+        return found
 
     def state_dict(self) -> dict[str, Any]:
         return {

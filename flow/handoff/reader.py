@@ -32,6 +32,7 @@ from flow.handoff.elastic import OldPlan, Remainder, Stop, remainder, rows_of, s
 from flow.handoff.format import Commit
 from flow.handoff.materialize import NO_REFS, Materializer
 from flow.handoff.options import ReadOptions, ReadStats
+from flow.handoff.pickup import Origin, PickUps
 from flow.handoff.plan import (
     BatchPlan,
     RankPlanner,
@@ -132,6 +133,12 @@ class ChannelReader:
         """Those cursors (``resumed`` in this reader's cursor)."""
         self._recorded = 0.0
         self._carried: tuple[np.ndarray, list[list[int]]] | None = None
+        self.pickups = PickUps()
+        """Following: when each commit read was picked up (the poll that listed it), the latest
+        ones by batch id (:mod:`flow.handoff.pickup`)."""
+        self.origin: Origin | None = None
+        """Following: the commits the last batch's shuffle window came from, with their pick-ups
+        (None when not following). Read it right after each batch, as the cursor."""
 
     # -- cursor -----------------------------------------------------------------------------
 
@@ -472,7 +479,9 @@ class _EpochWalk(Generic[T]):
             yield from self._windows(self.planner.drain())
         waited = 0.0
         while True:
-            ids, gap = self._ready(reader._next_commits(self.after))
+            listed = reader._next_commits(self.after)
+            found = time.time()  # picked up: what this poll listed (flow.handoff.pickup)
+            ids, gap = self._ready(listed)
             if not options.follow:
                 # Before reading any of it: a finite epoch is all or nothing.
                 gap = gap or self._lost_head()
@@ -480,7 +489,7 @@ class _EpochWalk(Generic[T]):
                     raise gap.error()
             for position, batch_id in enumerate(ids):
                 upcoming = ids[position + 1] if position + 1 < len(ids) else None
-                yield from self._commit(batch_id, upcoming)
+                yield from self._commit(batch_id, upcoming, found)
             if ids:
                 waited = 0.0
             if gap is None:
@@ -567,11 +576,14 @@ class _EpochWalk(Generic[T]):
                 return MissingCommit(channel.name, head.writer, head.seq, head.seq, (batch_id,))
         return None
 
-    def _commit(self, batch_id: int, upcoming: int | None) -> Iterator[T]:
-        """One commit's batches; the cursor moves to its start first, past it after."""
+    def _commit(self, batch_id: int, upcoming: int | None, found: float) -> Iterator[T]:
+        """One commit's batches; the cursor moves to its start first, past it after.
+        ``found``: when the poll that listed it ended."""
         reader, materializer = self.reader, self.materializer
         planned = self.ahead.pop(batch_id, None)
         commit = planned[0] if planned else self._take(batch_id)
+        if reader.options.follow:
+            reader.pickups.add(commit, found)
         counters = self.planner.counters()
         reader._mark = _Mark(
             self.after, list(self.before), counters, counters[0], materializer.carry_refs
@@ -622,7 +634,11 @@ class _EpochWalk(Generic[T]):
                 materializer.restore_carry(self.start.carry)
                 self.resume_window = None
             reader._mark.window, reader._mark.carry = window.ident, materializer.carry_refs
-            for plan, batch in zip(plans, self.cut(materializer, window, plans), strict=True):
+            carried = materializer.carry_refs if window.carry else NO_REFS
+            batches = self.cut(materializer, window, plans)
+            if reader.options.follow:
+                reader.origin = reader.pickups.origin(window.spans, carried, time.time())
+            for plan, batch in zip(plans, batches, strict=True):
                 if plan.ordinal < reader.position:
                     continue  # yielded before the cursor was taken
                 reader.position = plan.ordinal + 1

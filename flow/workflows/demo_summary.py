@@ -176,6 +176,11 @@ def summarize(stack: StackConfig, parent: str, namespace: str = "demo") -> dict[
                 q: train.get(f"freshness_produced_{q}_s.live") for q in ("p50", "p99")
             },
             "event_to_trained": {q: train.get(f"freshness_{q}_s.live") for q in ("p50", "p99")},
+            # The trainer's legs of it, measured (trainers.result.LEGS).
+            **{
+                leg: {q: train.get(f"{leg}_{q}_s.live") for q in ("p50", "p99")}
+                for leg in ("committed_to_picked_up", "picked_up_to_trained")
+            },
         },
         "ui": runs_url(stack.mlflow.tracking_uri, experiment_id, parent),
     }

@@ -125,6 +125,48 @@ def test_following_reads_commits_as_they_land_and_ends_when_closed(tmp_path: Pat
     assert sorted(got) == written  # one rank: everything, including the last partial batch
 
 
+def test_a_follower_records_when_it_picked_each_commit_up_and_which_a_batch_came_from(
+    tmp_path: Path,
+) -> None:
+    """Each commit's pick-up (the poll that listed it) lies between its commit and the delivery
+    of the batches it went into; each batch names its window's commits (flow.handoff.pickup)."""
+    w = Writer(tmp_path, "live", buckets=2)
+    w.commit([120, 80])
+    producer = [lambda: w.commit([33, 17]), lambda: w.commit([300, 1]), w.channel.close]
+
+    def pause(_: float) -> None:
+        producer.pop(0)()
+
+    options = ReadOptions(batch_size=50, window_rows=150, follow=True)
+    reader = ChannelReader(str(tmp_path), "live", options=options, sleep=pause)
+    seen: dict[int, float] = {}
+    for batch in reader:
+        delivered = time.time()
+        origin = reader.origin
+        assert origin is not None
+        assert origin.commits
+        assert sum(origin.rows) >= batch.num_rows  # the window the batch is a sample of
+        for pickup in origin.commits:
+            assert pickup.committed_s <= pickup.found_s <= origin.ready_s <= delivered
+            assert seen.setdefault(pickup.batch_id, pickup.found_s) == pickup.found_s
+        ids = batch.column("id").to_pylist()
+        commits = {0 if i < 200 else 1 if i < 250 else 2 for i in ids}
+        assert commits <= {p.batch_id for p in origin.commits}
+    assert sorted(seen) == [0, 1, 2]
+    first = [reader.pickups.get(b) for b in range(3)]
+    assert [p.rows for p in first if p is not None] == [200, 50, 301]
+    # Found by successive polls: a commit that landed later was picked up later.
+    assert seen[0] <= seen[1] <= seen[2]
+
+
+def test_a_reader_that_does_not_follow_records_no_pickups(tmp_path: Path) -> None:
+    Writer(tmp_path, "c").commit([100, 100])
+    reader = ChannelReader(str(tmp_path), "c", options=ReadOptions(batch_size=50))
+    assert read_ids(reader)
+    assert reader.origin is None
+    assert not len(reader.pickups)
+
+
 def test_the_next_commits_shards_are_decoded_while_this_ones_batches_are_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -207,11 +207,26 @@ def test_channels_read_in_order_open_when_reached_even_if_created_later(
         Channel(str(tmp_path), "live").close()
 
     monkeypatch.setattr(lazy, "pause", live_arrives)
+    tracker = RecordingTracker()
+    monkeypatch.setattr(train_module, "_tracker", lambda *_: tracker)
     cfg = config(tmp_path, channels=("backfill", "live"), follow=True, wait_for_channels=60)
-    result = train(cfg, say=lambda _: None)
+    said: list[str] = []
+    result = train(cfg, say=said.append)
     assert waited == [lazy.POLL_S]  # it waited for the live channel, once
     assert result.rows == history + 2000
     assert set(result.by_channel) == {"backfill", "live"}
+    # Followed channels: the trainer's legs, measured per batch and per commit picked up.
+    assert set(result.picked_up_to_trained_s) == {"backfill", "live"}
+    assert result.committed_to_picked_up_s["live"].keys() == {0, 1}
+    assert [rows for rows, _ in result.committed_to_picked_up_s["live"].values()] == [1000, 1000]
+    assert all(s >= 0 for s in result.picked_up_to_trained_s["live"])
+    run = tracker.runs["train"]
+    logged = run.files["freshness_legs.json"]
+    assert isinstance(logged, dict)
+    assert [c[:2] for c in logged["live"]["commits"]] == [[0, 1000], [1, 1000]]
+    assert len(logged["live"]["batches"]) == len(result.picked_up_to_trained_s["live"])
+    assert "picked_up_to_trained_p99_s.live" in run.metrics
+    assert any(line.startswith("freshness by leg, channel live: ") for line in said)
 
 
 @pytest.mark.slow

@@ -1,0 +1,57 @@
+"""flow bench freshness's breakdown by leg (benchmarks/freshness.py), from given figures."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+STAGE = {
+    "waiting": {"p50": 4.0, "p99": 9.0},
+    "planning": {"p50": 1.0, "p99": 2.0},
+    "jobs_and_commit": {"p50": 5.0, "p99": 8.0},
+}
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("freshness")
+
+
+def test_the_trainers_legs_are_measured_beside_the_difference_of_quantiles(
+    bench: ModuleType,
+) -> None:
+    # One commit of 900 rows waited 1 s for the follower, one of 100 rows 3 s.
+    trainer = {
+        "commits": [[7, 900, 1.0], [8, 100, 3.0]],
+        "batches": [[6.0, 0.5], [8.0, 0.5], [10.0, 1.5]],
+    }
+    legs = bench.legs_of(STAGE, {"p50": 10.0, "p99": 19.0}, {"p50": 18.0, "p99": 17.0}, trainer)
+    assert legs["waiting"] == STAGE["waiting"]
+    assert legs["committed_to_picked_up"]["p50"] == 1.0  # per row: most rows waited 1 s
+    assert legs["committed_to_picked_up"]["max"] == 3.0
+    assert legs["picked_up_to_trained"]["p50"] == 8.0
+    assert legs["ready_to_trained"]["p50"] == 0.5
+    # The old figure stays, labelled: p99's difference of quantiles is negative.
+    assert legs["committed_to_trained"] == {"p50": 8.0, "p99": -2.0}
+
+    lines = bench.leg_lines(legs)
+    assert lines[0].strip().startswith("[bold]produced -> trained by leg")
+    said = "\n".join(lines)
+    assert "committed -> picked up (poll, listing)" in said
+    picked = next(line for line in lines if "picked up -> trained" in line)
+    assert picked.endswith("8.0 / 10.0")  # p99 of 6, 8, 10: 9.96
+    assert "a difference of quantiles" in lines[-1]
+
+
+def test_without_the_trainers_file_only_the_stages_legs_and_the_difference_remain(
+    bench: ModuleType,
+) -> None:
+    legs = bench.legs_of(STAGE, {"p50": 10.0}, {"p50": 12.0, "p99": None}, None)
+    assert set(legs) == {*STAGE, "committed_to_trained"}
+    assert legs["committed_to_trained"] == {"p50": 2.0}
+    assert bench.leg_lines({}) == []
