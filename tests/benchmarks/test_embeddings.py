@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("embeddings")
+def bench(benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark("embeddings")
 
 
 def _args(**changes: object) -> argparse.Namespace:

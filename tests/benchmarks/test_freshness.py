@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 STAGE = {
     "waiting": {"p50": 4.0, "p99": 9.0},
     "planning": {"p50": 1.0, "p99": 2.0},
@@ -17,9 +15,8 @@ STAGE = {
 
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("freshness")
+def bench(benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark("freshness")
 
 
 def test_the_trainers_legs_are_measured_beside_the_difference_of_quantiles(

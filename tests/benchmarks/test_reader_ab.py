@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def ab(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the benchmarks import each other by name
-    return importlib.import_module("reader_ab")
+def ab(benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark("reader_ab")
 
 
 def test_variants_read_a_real_channel_every_round(ab: ModuleType, tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import importlib
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -12,13 +12,10 @@ import pytest
 from flow.transform import FeatureTransform
 from pipelines.ctr import ctr_features
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def serve(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("serve")
+def serve(benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark("serve")
 
 
 def test_the_generated_impressions_carry_every_raw_input_and_fit_the_ctr_spec(

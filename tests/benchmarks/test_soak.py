@@ -13,6 +13,7 @@ import importlib
 import io
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -24,7 +25,6 @@ from flow.config import StackConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 PER_BATCH = (
     "duration_ms", "ms_addBatch", "rows_in", "heap_used", "non_heap_used", "jvm_rss",
     "python_rss", "log_bytes", "log_files", "records", "segments", "shards_bytes",
@@ -33,9 +33,8 @@ PER_BATCH = (
 
 
 @pytest.fixture
-def soak(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("soak")
+def soak(benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark("soak")
 
 
 def test_a_short_soak_delivers_each_impression_once_and_compacts_the_log(

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import copy
-import importlib
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -13,15 +13,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 MB = 2**20
 POSITIVES = "positives at most once, after their impression"
 
 
 @pytest.fixture
-def report(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("_soak_report")
+def report(benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark("_soak_report")
 
 
 def batches(

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def stages(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+def stages(benchmark: Callable[[str], ModuleType]) -> ModuleType:
     pytest.importorskip("pyspark")
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("stages")
+    return benchmark("stages")
 
 
 def _progress(rows: int, start: dict[str, dict[str, int]] | None, end: dict[str, dict[str, int]]):
