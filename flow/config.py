@@ -41,6 +41,7 @@ from flow.secrets import is_secret_key
 
 __all__ = [
     "AWS_VARS",
+    "BENCH_RESULT_ENV",
     "ENV_VARS",
     "CatalogConfig",
     "KafkaConfig",
@@ -179,6 +180,11 @@ class _Environment(BaseSettings):
     spark_cds: _Flag = True
     """1 (default): Spark drivers map a class archive the first job made (seconds off each
     start); 0: never"""
+    # Written by `flow bench --json` for its child, read where the result is written
+    # (benchmarks/_results.py); declared so that it is a known variable.
+    bench_result: Path | None = None
+    """a file a benchmark writes its result to as JSON, besides $FLOW_HOME/bench
+    (`flow bench --json` sets it)"""
     # Read where errors are reported (flow.console), not here: it must work when the other
     # settings are what is wrong. Declared so that it is a known variable.
     debug: _Flag = False
@@ -226,6 +232,8 @@ def _variable(name: str) -> str:
 ENV_VARS: Mapping[str, str] = {
     _variable(name): info.description or "" for name, info in _Environment.model_fields.items()
 }
+BENCH_RESULT_ENV = _variable("bench_result")
+"""Where ``flow bench --json`` asks a benchmark to write its result (JSON)."""
 _FIELD_OF = {_variable(name): name for name in _Environment.model_fields}
 
 
