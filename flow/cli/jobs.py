@@ -311,9 +311,10 @@ def run(
 
     With --json, stdout holds one JSON object once the job has run, whatever its exit code:
     exit_code, the pipeline's MLflow run, and each stage that ended with its counts (stages is
-    null for a file that is not a pipeline, or a job that failed before its pipeline run
-    began); with --train, also spark_exit_code and the trainer's exit code, MLflow run, figures
-    and the file of its whole result. A mistake found before the job starts prints no JSON.
+    null for a file that is not a pipeline, a job that failed before its pipeline run began, or
+    a driver on another machine: --deploy-mode cluster); with --train, also spark_exit_code and
+    the trainer's exit code, MLflow run, figures and the file of its whole result. A mistake
+    found before the job starts prints no JSON.
     """
     trainer = None
     if train_args is not None or train_config is not None:

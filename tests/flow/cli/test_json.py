@@ -17,7 +17,7 @@ from flow.config import BENCH_RESULT_ENV, RUN_RESULT_ENV, StackConfig
 from flow.terminal import call, inherit, to_stderr
 from flow.tracking import PARENT_RUN_ENV
 from flow.workflows import together
-from tests.support import REPO, stack_env_for
+from tests.support import REPO, run_flow, stack_env_for
 
 BENCHMARK = f"""
 import sys
@@ -263,3 +263,14 @@ def test_the_environment_names_are_declared_settings() -> None:
     # An unknown FLOW_* variable is an error in every process: these must be known ones.
     assert (RUN_RESULT_ENV, BENCH_RESULT_ENV) == ("FLOW_RUN_RESULT", "FLOW_BENCH_RESULT")
     StackConfig.from_env({RUN_RESULT_ENV: "/tmp/r.json", BENCH_RESULT_ENV: "/tmp/b.json"})
+
+
+@pytest.mark.integration  # a real benchmark in its own process, as a user runs it: seconds
+def test_flow_bench_json_prints_a_real_benchmark_s_result(tmp_path: Path) -> None:
+    small = ["--seconds", "5", "--rate", "200", "--per-day", "2000", "--users", "100"]
+    done = run_flow(["bench", "--json", "generate", *small], stack_env_for(tmp_path))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["history"]["impressions"] > 0
+    assert result["realtime"]
+    assert "results: " in done.stderr  # the benchmark's own lines
