@@ -24,14 +24,13 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from _results import save
 
-from flow.config import StackConfig
 from flow.handoff import Channel, ChannelReader, Commit, ReadOptions
 from flow.handoff import log as commit_log
 from flow.handoff.format import WRITERS, WriterHead, head_name
@@ -201,12 +200,9 @@ def main() -> None:
         results = run(args.commits, store)
     for r in results:
         r["store"] = args.store if store is None or args.store == "moto" else "uri"
-    folder = Path(StackConfig.from_env().home) / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    (folder / f"commits-{stamp}.json").write_text(json.dumps(results, indent=1))
-    plot(results, folder / f"commits-{stamp}.png")
-    print(f"results and plot: {folder}/commits-{stamp}.{{json,png}}")
+    path = save("commits", results, indent=1)
+    plot(results, path.with_suffix(".png"))
+    print(f"results and plot: {path.with_suffix('')}.{{json,png}}")
 
 
 def run(lengths: list[int], store: Location | None) -> list[dict[str, Any]]:

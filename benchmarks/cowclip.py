@@ -32,7 +32,6 @@ Results print and go to $FLOW_HOME/bench/cowclip-<time>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, replace
@@ -42,9 +41,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from _results import save
 from torch import Tensor, nn
 
-from flow.config import StackConfig
 from flow.console import console
 from flow.pipeline.state import Layout
 from flow.training import ModelConfig, OptimConfig
@@ -265,12 +264,7 @@ def main() -> None:
         if small is not None:
             found["auc_vs_small"] = found["auc"] - small
     show(results)
-    folder = StackConfig.from_env().home / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"cowclip-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
-    path.write_text(json.dumps(results, indent=2))
-    if args.result_file:
-        args.result_file.write_text(json.dumps(results, indent=2))
+    path = save("cowclip", results, also=args.result_file)
     out.print(f"results: {path}")
 
 

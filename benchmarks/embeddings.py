@@ -24,7 +24,6 @@ Results print and go to $FLOW_HOME/bench/embeddings-<time>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -35,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _results import save
 from torch import Tensor
 
-from flow.config import StackConfig
 from flow.console import console
 from flow.pipeline.state import Layout
 from flow.training import EmbeddingConfig, ModelConfig, OptimConfig
@@ -275,12 +274,7 @@ def main() -> None:
         out.print(f"  {name}: tables of {[e.rows for e in config.embeddings]} rows ...")
         results["runs"][name] = run(name, config, world, args, device)
     show(results)
-    folder = StackConfig.from_env().home / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"embeddings-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
-    path.write_text(json.dumps(results, indent=2, default=str))
-    if args.result_file:
-        args.result_file.write_text(json.dumps(results, indent=2, default=str))
+    path = save("embeddings", results, also=args.result_file)
     out.print(f"results: {path}")
 
 

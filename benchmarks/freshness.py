@@ -35,11 +35,11 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _results import save
 
 from flow.config import StackConfig
 from flow.console import console
@@ -255,12 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     if slowest:
         said = ", ".join(f"{lag:.1f} s at {at:.0f} s" for at, lag in slowest)
         out.print(f"  slowest live batches (produced -> trained, when): {said}", highlight=False)
-    folder = stack.home / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = f"{datetime.now(UTC):%Y%m%d-%H%M%S}"
-    path = folder / f"freshness-{stamp}.json"
-    path.write_text(json.dumps(summary, indent=1, default=str))
-    plot = _plot(series, folder / f"freshness-{stamp}.png")
+    path = save("freshness", summary, folder=stack.home / "bench", indent=1)
+    plot = _plot(series, path.with_suffix(".png"))
     out.print(f"results: {path}" + (f", plot: {plot}" if plot else ""))
 
 

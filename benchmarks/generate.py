@@ -14,12 +14,12 @@ Needs no Kafka and no Spark.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from flow.config import StackConfig
+from _results import save
+
 from flow.console import console
 from flow.workflows.streaming import Realtime, stream_realtime
 from flow.workflows.synthetic import SyntheticWorld, simulate
@@ -116,10 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         f"history: {history['impressions']:,} impressions in {history['cpu_s']:.2f}s CPU "
         f"({history['rows_per_cpu_s']:,.0f}/s)"
     )
-    where = StackConfig.from_env().home / "bench"
-    where.mkdir(parents=True, exist_ok=True)
-    path = where / f"generate-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
-    path.write_text(json.dumps(results, indent=2))
+    path = save("generate", results)
     out.print(f"results: {path}")
 
 

@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from _results import save
 
 from flow.config import StackConfig
 from flow.console import console
@@ -563,13 +564,11 @@ def main() -> None:
         results["spark_write"] = bench_spark_write(
             work / "spark", args.spark_rows, args.spark_rounds, args.compression_level
         )
-    folder = stack.home / "bench"
-    stamp = f"{datetime.now(UTC):%Y%m%dT%H%M%S}"
-    (folder / f"handoff-{stamp}.json").write_text(json.dumps(results, indent=2))
-    plot(results["readers"], folder / f"handoff-{stamp}.png")
+    path = save("handoff", results, folder=stack.home / "bench")
+    plot(results["readers"], path.with_suffix(".png"))
     shutil.rmtree(work, ignore_errors=True)
     show(results)
-    out.print(f"results: {folder}/handoff-{stamp}.json and .png")
+    out.print(f"results: {path} and .png")
 
 
 if __name__ == "__main__":

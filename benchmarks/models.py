@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from _results import save
 
-from flow.config import StackConfig
 from flow.console import console
 from flow.training import MODEL_NAMES, ModelConfig, TrainConfig
 from trainers.metrics import BinaryMetrics
@@ -156,12 +156,7 @@ def main() -> None:
             oracle = {"auc": found["oracle_auc"], "logloss": found["oracle_logloss"]}
     results["oracle"] = oracle
     show(results)
-    folder = StackConfig.from_env().home / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"models-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
-    path.write_text(json.dumps(results, indent=2))
-    if args.result_file:
-        args.result_file.write_text(json.dumps(results, indent=2))
+    path = save("models", results, also=args.result_file)
     out.print(f"results: {path}")
 
 

@@ -13,6 +13,7 @@ rounds a variant won, separate 5 % effects that separate runs cannot.
 A variant is ``NAME=JSON``: ``ReadOptions`` fields, plus ``root`` (another channel folder, e.g.
 one written with other settings). The first variant is the reference. Without ``--data``, a
 channel of ``--rows`` Criteo-shaped rows is written to ``$FLOW_HOME/bench/reader-ab`` first.
+Results go to ``$FLOW_HOME/bench/reader_ab-<time>.json``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _results import save
 from handoff import criteo_rows, handoff_reader, timed_pass, write_channel
 
 from flow.config import StackConfig
@@ -115,6 +117,8 @@ def main() -> None:
             f"paired ratio to {first} {r['paired_ratio']:.3f}   "
             f"won {r['wins']}/{args.rounds} rounds"
         )
+    settings = {"variants": dict(args.variant), "rounds": args.rounds, "data": str(root)}
+    out.print(f"results: {save('reader_ab', {'settings': settings, 'variants': results})}")
 
 
 if __name__ == "__main__":

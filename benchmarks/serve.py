@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from _results import save
 
 from flow.config import StackConfig
 from flow.pipeline.features import Bucketized, FeatureSpec, Numeric, Vocabulary, feature_name
@@ -270,11 +271,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         results = run(args, Path(tmp))
-    folder = Path(StackConfig.from_env().home) / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    (folder / f"serve-{stamp}.json").write_text(json.dumps(results, indent=1))
-    print(f"results: {folder}/serve-{stamp}.json")
+    print(f"results: {save('serve', results, indent=1)}")
 
 
 if __name__ == "__main__":

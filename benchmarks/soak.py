@@ -41,6 +41,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from _results import save, stamp
 from _soak_follower import rss_bytes
 from _soak_report import attach_polls, checks, plot, show, summarize
 from pyarrow import fs as pafs
@@ -528,13 +529,12 @@ def main(argv: list[str] | None = None) -> None:
 
     folder = stack.home / "bench"
     folder.mkdir(parents=True, exist_ok=True)
-    stamp = f"{datetime.now(UTC):%Y%m%d-%H%M%S}"
-    partial = folder / f"soak-{stamp}.partial.json"
+    at = stamp()
+    partial = folder / f"soak-{at}.partial.json"
     result = report(soak(spark, stack, config, say, partial), config)
-    path = folder / f"soak-{stamp}.json"
-    path.write_text(json.dumps(result, indent=1, default=_json_default))
+    path = save("soak", result, folder=folder, at=at, indent=1, default=_json_default)
     partial.unlink(missing_ok=True)
-    picture = plot(result, folder / f"soak-{stamp}.png")
+    picture = plot(result, path.with_suffix(".png"))
     show(result, out)
     out.print(f"results: {path}, plot: {picture}")
 

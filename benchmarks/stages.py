@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from _results import save
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -554,10 +555,7 @@ def main() -> None:
                 args.live_warmup,
                 strategy,
             )
-    folder = stack.home / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"stages-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
-    path.write_text(json.dumps(results, indent=2))
+    path = save("stages", results, folder=stack.home / "bench")
     _print(results)
     out.print(f"results: {path}")
 

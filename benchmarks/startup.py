@@ -14,7 +14,7 @@ archive (once per jar set) and is reported apart. The warm driver is started onc
 (its start reported apart) and stopped at the end; the other ways run with ``--cold`` beside
 it. Prints each run's wall seconds and the CPU
 seconds of its processes (flow, spark-submit's JVM, Python: less swayed by other work on the
-machine than the wall time), and the medians.
+machine than the wall time), and the medians; they go to $FLOW_HOME/bench/startup-<time>.json.
 The stack's services are up first, so their start is not counted.
 """
 
@@ -29,6 +29,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from _results import save
 
 from flow.config import StackConfig
 from flow.console import console
@@ -122,14 +125,16 @@ def main() -> None:
             load.write()
         app = Path(folder) / "startup_app.py"
         app.write_text(APP.format(table=TABLE))
+        firsts: dict[str, float] = {}
         for name, (cds, connectors, warm) in WAYS.items():
             if cds and not warm:  # makes the archive of this jar set unless an earlier job did
-                first, _ = _run(app, cds, connectors, warm)
-                out.print(f"first run, {name} (makes it if missing): {first:.1f} s")
+                firsts[name], _ = _run(app, cds, connectors, warm)
+                out.print(f"first run, {name} (makes it if missing): {firsts[name]:.1f} s")
         _flow(["driver", "stop"])
         started = time.perf_counter()
         _flow(["driver", "start"])
-        out.print(f"flow driver start (once): {time.perf_counter() - started:.1f} s")
+        driver_start = time.perf_counter() - started
+        out.print(f"flow driver start (once): {driver_start:.1f} s")
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in WAYS}
         try:
             for n in range(args.repeat):
@@ -143,12 +148,26 @@ def main() -> None:
     base = statistics.median(w for w, _ in first_way)
     base_cpu = statistics.median(c for _, c in first_way)
     out.print(f"flow run of {args.rows:,} rows, median of {args.repeat}:")
+    ways: dict[str, dict[str, Any]] = {}
     for name, runs in times.items():
         wall = statistics.median(w for w, _ in runs)
         cpu = statistics.median(c for _, c in runs)
         out.print(
             f"  {name}: {wall:.1f} s ({wall / base:.2f}x), CPU {cpu:.1f} s ({cpu / base_cpu:.2f}x)"
         )
+        ways[name] = {
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "runs": [{"wall_s": w, "cpu_s": c} for w, c in runs],
+        }
+    results = {
+        "rows": args.rows,
+        "repeat": args.repeat,
+        "first_run_s": firsts,
+        "driver_start_s": driver_start,
+        "ways": ways,
+    }
+    out.print(f"results: {save('startup', results)}")
 
 
 if __name__ == "__main__":

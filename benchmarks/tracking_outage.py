@@ -11,7 +11,7 @@ answers and a request runs to the client's timeout, then resumed. Windows in tur
 a second each, see the same load from the rest of the machine, which a run with the server up
 and a run with it down, a minute apart, do not. Prints samples/s in each kind of window per run
 and over all runs; the tracker's queue should keep the hung ones within 10 % of the others.
-Needs no Kafka and no Spark.
+Results go to $FLOW_HOME/bench/tracking_outage-<time>.json. Needs no Kafka and no Spark.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import psutil
+from _results import save
 from handoff import CARDINALITIES, DENSE, SPARSE, criteo_rows, write_channel
 
 from flow import stack as services
@@ -142,10 +143,19 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             hang.end()
             services.down(stack, ("mlflow",))
+    up_rate, hung_rate = rows_each * args.repeat / up, rows_each * args.repeat / hung
     out.print(
-        f"[bold]all runs: {rows_each * args.repeat / up:,.0f} samples/s with MLflow up, "
-        f"{rows_each * args.repeat / hung:,.0f} with it hung: {up / hung:.2f}x[/]"
+        f"[bold]all runs: {up_rate:,.0f} samples/s with MLflow up, "
+        f"{hung_rate:,.0f} with it hung: {up / hung:.2f}x[/]"
     )
+    results = {
+        "settings": vars(args),
+        "samples_per_s_up": up_rate,
+        "samples_per_s_hung": hung_rate,
+        "seconds_up": up,
+        "seconds_hung": hung,
+    }
+    out.print(f"results: {save('tracking_outage', results)}")
 
 
 if __name__ == "__main__":

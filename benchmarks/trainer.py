@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _results import save
 from handoff import (
     BUCKETS,
     CARDINALITIES,
@@ -64,7 +65,7 @@ from handoff import (
 )
 from torch import nn
 
-from flow.config import StackConfig
+from flow.config import BENCH_RESULT_ENV, StackConfig
 from flow.console import console
 from flow.handoff import Channel, ChannelReader, Commit, ReadOptions, ShardInfo
 from flow.pipeline.state import Layout
@@ -424,6 +425,7 @@ def run_cores(args: argparse.Namespace, stamp: str) -> list[dict[str, Any]]:
         ]  # fmt: skip
         out.print(f"  {count} core(s): {', '.join(args.cores_feeds)} ...")
         env = {**os.environ, "OMP_NUM_THREADS": str(count)}
+        env.pop(BENCH_RESULT_ENV, None)  # a core count's run is not the benchmark's result
         done = subprocess.run(argv, env=env, check=False)
         if done.returncode or not path.exists():
             results.append({"cores": count, "error": f"exit {done.returncode}"})
@@ -618,11 +620,7 @@ def main(argv: list[str] | None = None) -> None:
     results["cases"] = run_cases(args, device)
     if args.cores:
         results["cores"] = run_cores(args, stamp)
-    folder = args.data.parent
-    path = folder / f"trainer-{stamp}.json"
-    path.write_text(json.dumps(results, indent=2))
-    if args.result_file:
-        args.result_file.write_text(json.dumps(results, indent=2))
+    path = save("trainer", results, folder=args.data.parent, at=stamp, also=args.result_file)
     show(results)
     if not args.no_plot:
         with contextlib.suppress(ImportError):

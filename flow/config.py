@@ -41,7 +41,9 @@ from flow.secrets import is_secret_key
 
 __all__ = [
     "AWS_VARS",
+    "BENCH_RESULT_ENV",
     "ENV_VARS",
+    "RUN_RESULT_ENV",
     "CatalogConfig",
     "KafkaConfig",
     "MlflowConfig",
@@ -179,6 +181,14 @@ class _Environment(BaseSettings):
     spark_cds: _Flag = True
     """1 (default): Spark drivers map a class archive the first job made (seconds off each
     start); 0: never"""
+    # Written by `flow run --json` and `flow bench --json` for their child, read where the
+    # result is written (flow.pipeline.run, benchmarks/_results.py); declared so they are known.
+    run_result: Path | None = None
+    """a file a pipeline run writes its outcome to as JSON: its MLflow run, each stage's counts
+    (`flow run --json` sets it)"""
+    bench_result: Path | None = None
+    """a file a benchmark writes its result to as JSON, besides $FLOW_HOME/bench
+    (`flow bench --json` sets it)"""
     # Read where errors are reported (flow.console), not here: it must work when the other
     # settings are what is wrong. Declared so that it is a known variable.
     debug: _Flag = False
@@ -226,6 +236,10 @@ def _variable(name: str) -> str:
 ENV_VARS: Mapping[str, str] = {
     _variable(name): info.description or "" for name, info in _Environment.model_fields.items()
 }
+RUN_RESULT_ENV = _variable("run_result")
+"""Where ``flow run --json`` asks a pipeline run to write its outcome (JSON)."""
+BENCH_RESULT_ENV = _variable("bench_result")
+"""Where ``flow bench --json`` asks a benchmark to write its result (JSON)."""
 _FIELD_OF = {_variable(name): name for name in _Environment.model_fields}
 
 

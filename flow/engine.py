@@ -84,6 +84,10 @@ class RunOptions:
     summary: bool = True
     """Print the stages' table when the run ends (``--no-summary``: not, for a caller that
     prints its own, as ``flow demo`` does; MLflow has the counts either way)."""
+    result_file: Path | None = None
+    """Where the run's outcome goes as JSON, rewritten as each stage ends: its MLflow run and
+    each ended stage's counts as the summary shows them (``flow run --json`` asks for it
+    through FLOW_RUN_RESULT)."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:

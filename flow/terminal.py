@@ -36,6 +36,7 @@ __all__ = [
     "elapsed",
     "inherit",
     "prefixed",
+    "to_stderr",
 ]
 
 Start = Callable[[Sequence[str], Mapping[str, str]], subprocess.Popen[bytes]]
@@ -45,6 +46,13 @@ Start = Callable[[Sequence[str], Mapping[str, str]], subprocess.Popen[bytes]]
 def inherit(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     """A process writing straight to this one's stdout and stderr (what commands do alone)."""
     return subprocess.Popen(list(argv), env=dict(env))
+
+
+def to_stderr(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """A process whose stdout goes to this one's stderr: a command's ``--json`` keeps stdout for
+    its one document."""
+    # File descriptor 2, not sys.stderr: a test or a wrapper may have replaced that object.
+    return subprocess.Popen(list(argv), env=dict(env), stdout=2)
 
 
 def call(start: Start, argv: Sequence[str], env: Mapping[str, str]) -> int:

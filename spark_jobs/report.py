@@ -71,6 +71,21 @@ class StageReport:
         bounded = self.pending_bound is None or self.pending <= self.pending_bound
         return self.pending >= 0 and balanced and bounded
 
+    def summary(self) -> dict[str, Any]:
+        """The stage's row of the run's summary table, as plain data (``flow run --json``)."""
+        return {
+            "stage": self.stage,
+            "kind": self.kind,
+            "channel": self.channel,
+            "events_in": self.events_input,
+            "training_rows": self.training_rows,
+            "dead_letters": self.dead_letters,
+            "pending": self.pending,
+            "positives": self.positives,
+            "seconds": self.seconds,
+            "reconciled": self.reconciled,
+        }
+
     def said_missing(self) -> str:
         """``; keys not found: users 12, items 0`` for the summary line ('' without
         enrichments)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
@@ -106,6 +107,28 @@ def _summary(reports: list[StageReport]) -> None:
     console.print(table)
 
 
+def _write_result(
+    path: Path | None, pipeline: Pipeline, tracker: Tracker, parent: Run, reports: list[StageReport]
+) -> None:
+    """The run's outcome so far as JSON at ``path`` (``flow run --json`` reads it when the job
+    has ended): written whole as the run starts and after each stage, so a run that fails still
+    says its MLflow run and the stages that ended."""
+    if path is None:
+        return
+    run_id = url = None
+    if isinstance(tracker, MlflowTracker):  # what `flow insight RUN_ID` takes
+        run_id, url = parent.run_id, tracker.runs_url(parent.run_id)
+    outcome = {
+        "pipeline": pipeline.name,
+        "mlflow_run_id": run_id,
+        "mlflow_url": url,
+        "stages": [r.summary() for r in reports],
+    }
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(outcome, indent=2, default=str))
+    partial.replace(path)
+
+
 def incremental(pipeline: Pipeline, stage: BackfillStage, since: int | None) -> Pipeline:
     """``pipeline`` with ``stage``'s Iceberg events read from after snapshot ``since``."""
     events = pipeline.source(stage.events, used_by=f"stage {stage.name!r}")
@@ -144,6 +167,7 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
     fitted: dict[str, str] = {}
     with tracker.pipeline_run(pipeline.name, params=params) as parent:
         parent.log_dict(definition, "pipeline.json")
+        _write_result(options.result_file, pipeline, tracker, parent, reports)
         for stage in chosen:
             state_version = options.feature_state or fitted.get(stage.features.fingerprint)
             with tracker.stage(stage.name) as run:
@@ -182,6 +206,7 @@ def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) ->
                 run.set_tags({f"lineage.{k}": str(v) for k, v in report.lineage.items()})
                 run.set_tags({"flow.table": report.table, **report.tags})
                 reports.append(report)
+            _write_result(options.result_file, pipeline, tracker, parent, reports)
         parent.log_dict([dataclasses.asdict(r) for r in reports], "counts.json")
         parent.log_metrics({"reconciled": float(all(r.reconciled for r in reports))})
     if options.summary:

@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import json
 import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.markup import escape
 
-from flow.cli.common import console, friendly, progress, stack_config
+from flow.cli.common import console, emit_json, friendly, progress, stack_config
 from flow.cli.local import stack_up
-from flow.config import StackConfig
+from flow.config import BENCH_RESULT_ENV, RUN_RESULT_ENV, StackConfig
 from flow.console import DEBUG_ENV
 from flow.errors import FlowError
 from flow.secrets import redact_argv
-from flow.terminal import Start, call, inherit
+from flow.terminal import Start, call, inherit, to_stderr
+
+if TYPE_CHECKING:
+    from flow.workflows.together import Together
 
 __all__ = [
     "bench", "launch", "on_warm_driver", "own_options_first", "run", "spark_args",
@@ -126,17 +132,25 @@ def launch(
             finish(code)
 
 
-def _exit(code: int, argv: Sequence[str]) -> NoReturn:
-    """Exit with the job's code; a failed job gets one line saying so (the job has printed why:
-    ``flow`` adds no traceback of its own)."""
+def _app_file(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if a.endswith(".py")), None)
+
+
+def _said_failed(code: int, argv: Sequence[str]) -> None:
+    """A failed job gets one line saying so (the job has printed why: ``flow`` adds no
+    traceback of its own)."""
     if code:
-        app = next((a for a in argv if a.endswith(".py")), "the job")
         console.print(
-            f"[bold red]flow:[/] {escape(app)} exited with code {code}; its output above says "
-            f"why (flow --debug, or {DEBUG_ENV}=1, adds tracebacks)",
+            f"[bold red]flow:[/] {escape(_app_file(argv) or 'the job')} exited with code {code}; "
+            f"its output above says why (flow --debug, or {DEBUG_ENV}=1, adds tracebacks)",
             highlight=False,
             soft_wrap=True,
         )
+
+
+def _exit(code: int, argv: Sequence[str]) -> NoReturn:
+    """Exit with the job's code, saying so when it failed."""
+    _said_failed(code, argv)
     raise SystemExit(code)
 
 
@@ -146,17 +160,21 @@ def spark_launcher(
     warm: bool = False,
     start: Start = inherit,
     say: Callable[[str], None] | None = None,
+    stdout_to_stderr: bool = False,
 ) -> Callable[[Sequence[str], dict[str, str]], int]:
     """``launch`` on ``stack``, for the commands that start Spark jobs of their own, with
     ``connectors`` (``--connectors``); None: those the job's pipeline needs (all for a file
     that is not a pipeline file). With ``warm``, a job the warm driver can run goes to it.
-    ``start`` and ``say``: see :func:`launch`."""
+    ``start`` and ``say``: see :func:`launch`. With ``stdout_to_stderr`` (``--json``), the
+    job's output goes to stderr, on its own driver or the warm one."""
     from flow.workflows.together import pipeline_connectors
+
+    begin = to_stderr if stdout_to_stderr else start
 
     def spark(argv: Sequence[str], extra: dict[str, str]) -> int:
         chosen = pipeline_connectors(argv) if connectors is None else _connectors(connectors)
-        code = on_warm_driver(argv, stack, extra, chosen) if warm else None
-        return launch(argv, stack, extra, chosen, start, say) if code is None else code
+        code = on_warm_driver(argv, stack, extra, chosen, stdout_to_stderr) if warm else None
+        return launch(argv, stack, extra, chosen, begin, say) if code is None else code
 
     return spark
 
@@ -167,14 +185,20 @@ def _job_output(text: str, fd: int) -> None:
     stream.flush()
 
 
+def _job_output_to_stderr(text: str, fd: int) -> None:
+    _job_output(text, 2)
+
+
 def on_warm_driver(
     argv: Sequence[str],
     stack: StackConfig,
     extra: dict[str, str],
     connectors: frozenset[str] | None,
+    stdout_to_stderr: bool = False,
 ) -> int | None:
     """The exit code of ``argv`` run on the warm driver (``flow driver start``); None when
-    none runs or it cannot take this job (said in one line: the job then starts its own)."""
+    none runs or it cannot take this job (said in one line: the job then starts its own).
+    With ``stdout_to_stderr``, the job's stdout is written to stderr here."""
     from flow.workflows.warm import (
         JobRequest,
         app_argv,
@@ -195,7 +219,8 @@ def on_warm_driver(
     if app is not None and why is None:
         console.print(f"[dim]on the warm driver ({escape(describe(state))})[/]", highlight=False)
         request = JobRequest(argv=app, cwd=os.getcwd(), env=job_env(extra))
-        result = run_on_driver(state, request, _job_output)
+        output = _job_output_to_stderr if stdout_to_stderr else _job_output
+        result = run_on_driver(state, request, output)
         if isinstance(result, int):
             return result
         why = result
@@ -254,6 +279,13 @@ def submit(argv: tuple[str, ...], connectors: str) -> None:
     is_flag=True,
     help="Start a driver of its own even when a warm one (flow driver start) could run it.",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the outcome as JSON on stdout: the MLflow run, each stage's counts, the exit "
+    "code (the job's output goes to stderr then).",
+)
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True, metavar=_APP)
 @friendly
 def run(
@@ -263,6 +295,7 @@ def run(
     train_procs: int,
     connectors: str | None,
     cold: bool,
+    as_json: bool,
 ) -> None:
     """Bring the local stack up, then submit APP on it (like `flow submit`).
 
@@ -275,6 +308,13 @@ def run(
 
     While a warm driver runs (flow driver start), the job runs on it when it can (said in one
     line either way): a short job then takes seconds instead of a driver's start.
+
+    With --json, stdout holds one JSON object once the job has run, whatever its exit code:
+    exit_code, the pipeline's MLflow run, and each stage that ended with its counts (stages is
+    null for a file that is not a pipeline, a job that failed before its pipeline run began, or
+    a driver on another machine: --deploy-mode cluster); with --train, also spark_exit_code and
+    the trainer's exit code, MLflow run, figures and the file of its whole result. A mistake
+    found before the job starts prints no JSON.
     """
     trainer = None
     if train_args is not None or train_config is not None:
@@ -284,15 +324,67 @@ def run(
         trainer = parse_args([*given, *shlex.split(train_args or "")], prog="flow run --train")
     _connectors(connectors)  # a mistake in it is told before the stack starts
     from flow.workflows.precheck import check_pipeline_file
-
-    check_pipeline_file(argv)  # and one in the pipeline file
-    stack = stack_up()
-    spark = spark_launcher(stack, connectors, warm=not cold)
-    if trainer is None:
-        _exit(spark(argv, {}), argv)
     from flow.workflows.together import run_together
 
-    run_together(argv, trainer, train_procs, stack, spark, progress)
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        check_pipeline_file(argv)  # and one in the pipeline file
+    stack = stack_up()
+    spark = spark_launcher(stack, connectors, warm=not cold, stdout_to_stderr=as_json)
+    if not as_json:
+        if trainer is None:
+            _exit(spark(argv, {}), argv)
+        raise SystemExit(run_together(argv, trainer, train_procs, stack, spark, progress).code)
+    with tempfile.TemporaryDirectory(prefix="flow-run-") as folder:
+        result = Path(folder) / "result.json"
+
+        def job(job_argv: Sequence[str], extra: dict[str, str]) -> int:
+            return spark(job_argv, {**extra, RUN_RESULT_ENV: str(result)})
+
+        if trainer is None:
+            code, together = job(argv, {}), None
+        else:
+            together = run_together(
+                argv, trainer, train_procs, stack, job, progress, start_trainer=to_stderr
+            )
+            code = together.code
+        driver = json.loads(result.read_text()) if result.exists() else {}
+    _said_failed(code, argv)
+    emit_json(_run_outcome(argv, code, driver, together))
+    raise SystemExit(code)
+
+
+def _run_outcome(
+    argv: Sequence[str], code: int, driver: dict[str, Any], together: Together | None
+) -> dict[str, Any]:
+    """``flow run --json``'s object: the exit code, what the driver wrote of its pipeline run
+    (``driver``: empty when it wrote nothing) and, with a trainer, how it ended."""
+    outcome: dict[str, Any] = {
+        "app": _app_file(argv),
+        "exit_code": code,
+        "pipeline": driver.get("pipeline"),
+        "mlflow_run_id": driver.get("mlflow_run_id"),
+        "mlflow_url": driver.get("mlflow_url"),
+        "stages": driver.get("stages"),
+    }
+    if together is None:
+        return outcome
+    found = together.trainer_result
+    if found is not None and not found.exists():
+        found = None  # it failed before it wrote one
+    trained: dict[str, Any] = json.loads(found.read_text()) if found is not None else {}
+    outcome["mlflow_run_id"] = together.run_id  # both parts nested under it
+    outcome["spark_exit_code"] = together.spark_code
+    outcome["trainer"] = {
+        "exit_code": together.trainer_code,
+        "mlflow_run_id": trained.get("run_id"),
+        "model_version": trained.get("model_version"),
+        "steps": trained.get("steps"),
+        "rows": trained.get("rows"),
+        "samples_per_s": trained.get("samples_per_s"),
+        "metrics": trained.get("metrics"),
+        "result_file": str(found) if found is not None else None,
+    }
+    return outcome
 
 
 _BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -305,12 +397,23 @@ def _benchmarks() -> str:
 
 
 @click.command(context_settings=_passthrough, epilog=f"Benchmarks: {_benchmarks()}.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the result the benchmark saved as JSON on stdout (its own output goes to "
+    "stderr then). Give it before NAME.",
+)
 @click.argument("name")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 @friendly
-def bench(name: str, argv: tuple[str, ...]) -> None:
+def bench(name: str, argv: tuple[str, ...], as_json: bool) -> None:
     """Run benchmarks/NAME.py on the local stack (arguments after NAME go to the benchmark;
-    `flow bench NAME --help` shows them). Results print and go to $FLOW_HOME/bench/."""
+    `flow bench NAME --help` shows them). Results print and go to $FLOW_HOME/bench/.
+
+    Exit code: the benchmark's. With --json, a benchmark that ends well but saved no result is
+    an error (exit 1); one that fails prints nothing on stdout.
+    """
     script = Path("benchmarks") / f"{name}.py"
     if not script.exists():
         found = sorted(p.stem for p in Path("benchmarks").glob("*.py"))
@@ -320,14 +423,33 @@ def bench(name: str, argv: tuple[str, ...]) -> None:
         )
     # Help is the script's argparse: plain Python, no services or Spark started for it.
     asks_help = any(a in ("-h", "--help") for a in argv)
+    if not as_json or asks_help:
+        raise SystemExit(_run_bench(script, argv, asks_help, inherit, {}))
+    with tempfile.TemporaryDirectory(prefix="flow-bench-") as folder:
+        result = Path(folder) / "result.json"
+        code = _run_bench(script, argv, asks_help, to_stderr, {BENCH_RESULT_ENV: str(result)})
+        if code:
+            raise SystemExit(code)
+        if not result.exists():
+            raise FlowError(
+                f"benchmark {name!r} exited 0 but saved no result for --json ({script} does "
+                "not save it through benchmarks/_results.py); run it without --json"
+            )
+        emit_json(json.loads(result.read_text()))
+
+
+def _run_bench(
+    script: Path, argv: Sequence[str], asks_help: bool, start: Start, extra: dict[str, str]
+) -> int:
+    """Run ``script`` with ``argv``, started by ``start`` with ``extra`` variables; its code."""
     # A benchmark that needs no Kafka or MLflow says so: on two cores, idle services still
     # take a share of the CPU it measures. One that needs no Spark runs as plain Python, so
     # it runs where there is no Java (a bare GPU machine).
     needs_services = flag(script, "NEEDS_SERVICES") and not asks_help
     stack = stack_up() if needs_services else stack_config()
     if asks_help or not flag(script, "NEEDS_SPARK"):
-        raise SystemExit(subprocess.call([sys.executable, str(script), *argv]))
-    raise SystemExit(launch(["--driver-memory", "4g", str(script), *argv], stack))
+        return call(start, [sys.executable, str(script), *argv], {**os.environ, **extra})
+    return launch(["--driver-memory", "4g", str(script), *argv], stack, extra, start=start)
 
 
 def flag(script: Path, name: str) -> bool:

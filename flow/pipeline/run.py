@@ -14,12 +14,15 @@ runs before ``run_main`` is called, so its errors are reported by the hook that 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from flow.config import StackConfig
+from flow.config import RUN_RESULT_ENV, StackConfig
 from flow.console import DEBUG_FLAG, reporting_errors, terminating_as_interrupt
 from flow.engine import RunOptions, load_engine
 from flow.pipeline.model import Pipeline
@@ -113,7 +116,8 @@ def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None
     Works under ``spark-submit`` (the session keeps spark-submit's settings) and under ``flow
     run``; ``argv`` (default: the command line) chooses stages and run mode for a
     :class:`~flow.pipeline.Pipeline`. Exits with the engine's exit code; a FlowError exits 1
-    with its message on one line (``--debug``: and its traceback).
+    with its message on one line (``--debug``: and its traceback). With FLOW_RUN_RESULT set
+    (``flow run --json``), the run's outcome goes to that file (:attr:`RunOptions.result_file`).
     """
     args = sys.argv[1:] if argv is None else argv
     # SIGTERM (a scheduler, `flow run` stopping its job) unwinds like Ctrl-C: the stage's
@@ -126,5 +130,7 @@ def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None
             options = parse_run_args(args, [s.name for s in spec.stages])
         if check:  # built and parsed: what can be checked without Spark is checked
             raise SystemExit(0)
+        result = os.environ.get(RUN_RESULT_ENV)
+        options = replace(options, result_file=Path(result) if result else None)
         code = load_engine(engine).run(spec, StackConfig.from_env(), options)
     raise SystemExit(code)

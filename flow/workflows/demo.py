@@ -282,7 +282,7 @@ def run_demo(
     status.phase = "Spark job (backfill, then live) and trainer"
     status.following = True
     with _LiveStream(stack, size, namespace, generator):
-        return run_together(
+        done = run_together(
             app,
             trainer,
             1,
@@ -292,3 +292,6 @@ def run_demo(
             experiment="pipeline-ctr_demo",
             start_trainer=start_trainer,
         )
+    if done.code:
+        raise SystemExit(done.code)
+    return done.run_id

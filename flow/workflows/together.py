@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flow.config import StackConfig
@@ -25,7 +25,8 @@ from flow.tracking import PARENT_RUN_ENV, MlflowTracker
 from flow.training import TrainConfig, save_config
 
 __all__ = [
-    "TrainerLaunch", "following_the_job", "pipeline_connectors", "result_file", "run_together",
+    "Together", "TrainerLaunch", "following_the_job", "pipeline_connectors", "result_file",
+    "run_together",
 ]  # fmt: skip
 
 FOLLOW_WAIT_S = 600.0
@@ -142,6 +143,31 @@ def _defines_pipeline(app: str) -> bool:
     return any(isinstance(n, ast.FunctionDef) and n.name == path.stem for n in tree.body)
 
 
+@dataclass(frozen=True)
+class Together:
+    """How a Spark job and its trainer ended, under one MLflow run."""
+
+    run_id: str
+    """The MLflow run both nested under."""
+    spark_code: int
+    trainer_code: int
+    trainer_result: Path | None
+    """Where the trainer wrote its whole result (JSON: its MLflow run, steps, metrics)."""
+
+    @property
+    def code(self) -> int:
+        """The command's exit code: the worse of the two, the Spark job's first."""
+        return self.spark_code or self.trainer_code
+
+
+class _PartFailedError(Exception):
+    """Raised inside the parent run when a part failed, so that the run ends as FAILED."""
+
+    def __init__(self, done: Together) -> None:
+        super().__init__(done.code)
+        self.done = done
+
+
 def run_together(
     spark_argv: Sequence[str],
     trainer_config: TrainConfig,
@@ -151,9 +177,9 @@ def run_together(
     say: Callable[[str], None],
     experiment: str | None = None,
     start_trainer: Start = inherit,
-) -> str:
-    """Start the trainer, run the Spark job, close the channels, wait for the trainer; the id of
-    the MLflow run both nested under. A failure of either raises SystemExit with its code.
+) -> Together:
+    """Start the trainer, run the Spark job, close the channels, wait for the trainer; how both
+    ended (a failure of either also ends the MLflow run they nested under as FAILED).
 
     The trainer reads where the job's pipeline writes unless told (:func:`following_the_job`);
     ``start_trainer`` starts its process (default: writing to this one's terminal).
@@ -163,29 +189,33 @@ def run_together(
     app = spark_argv[found] if found is not None else "pipeline"
     tracker = MlflowTracker(stack.mlflow.tracking_uri, experiment or f"pipeline-{Path(app).stem}")
     command = shlex.join(redact_argv(spark_argv))
-    with tracker.pipeline_run(Path(app).stem, params={"command": command}) as run:
-        trainer = TrainerLaunch(trainer_config, processes, stack, run.run_id)
-        say(f"trainer: {shlex.join(redact_argv(trainer.argv[2:]))}")
-        env = {**os.environ, PARENT_RUN_ENV: run.run_id}
-        process = start_trainer(trainer.argv, env)
-        try:
-            spark_code = launch_spark(spark_argv, {PARENT_RUN_ENV: run.run_id})
-            if spark_code:
-                # The channels will not be finished: a trainer left to follow them would wait
-                # for commits that never come.
-                say(f"the Spark job failed (exit {spark_code}); stopping the trainer")
-                trainer_code = _stop(process)
-            else:
-                say(f"Spark job ended; closing {', '.join(trainer.channels)}")
-                trainer.close_channels()
-                trainer_code = process.wait()
-        except BaseException:
-            _stop(process)
-            raise
-        run.log_metrics({"spark_exit_code": spark_code, "trainer_exit_code": trainer_code})
-        if spark_code or trainer_code:
-            raise SystemExit(spark_code or trainer_code)
-    return run.run_id
+    try:
+        with tracker.pipeline_run(Path(app).stem, params={"command": command}) as run:
+            trainer = TrainerLaunch(trainer_config, processes, stack, run.run_id)
+            say(f"trainer: {shlex.join(redact_argv(trainer.argv[2:]))}")
+            env = {**os.environ, PARENT_RUN_ENV: run.run_id}
+            process = start_trainer(trainer.argv, env)
+            try:
+                spark_code = launch_spark(spark_argv, {PARENT_RUN_ENV: run.run_id})
+                if spark_code:
+                    # The channels will not be finished: a trainer left to follow them would
+                    # wait for commits that never come.
+                    say(f"the Spark job failed (exit {spark_code}); stopping the trainer")
+                    trainer_code = _stop(process)
+                else:
+                    say(f"Spark job ended; closing {', '.join(trainer.channels)}")
+                    trainer.close_channels()
+                    trainer_code = process.wait()
+            except BaseException:
+                _stop(process)
+                raise
+            run.log_metrics({"spark_exit_code": spark_code, "trainer_exit_code": trainer_code})
+            done = Together(run.run_id, spark_code, trainer_code, trainer.config.result_file)
+            if done.code:
+                raise _PartFailedError(done)
+    except _PartFailedError as failed:
+        return failed.done
+    return done
 
 
 def _stop(process: subprocess.Popen[bytes], grace_s: float = 60.0) -> int:

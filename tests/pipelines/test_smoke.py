@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -24,10 +26,18 @@ def test_the_smoke_definition_is_valid_and_bad_values_name_the_field() -> None:
 def test_flow_run_smoke_reconciles_and_is_tracked_in_mlflow(
     running_stack: StackConfig, stack_env: dict[str, str]
 ) -> None:
-    done = run_flow(["run", "pipelines/smoke.py", "--events", "300", "--users", "10"], stack_env)
-    output = done.stdout + done.stderr  # spark-submit merges the app's stderr into its stdout
-    assert done.returncode == 0, output[-4000:]
-    assert "counts reconcile" in output
+    args = ["run", "--json", "pipelines/smoke.py", "--events", "300", "--users", "10"]
+    done = run_flow(args, stack_env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    # --json: spark-submit's output (the app's stdout and stderr merged) goes to stderr, and
+    # stdout holds one object; a file that is not a pipeline has no stages in it.
+    assert "counts reconcile" in done.stderr
+    outcome = json.loads(done.stdout)
+    assert (outcome["app"], outcome["exit_code"], outcome["stages"]) == (
+        "pipelines/smoke.py",
+        0,
+        None,
+    )
 
     client = MlflowClient(tracking_uri=running_stack.mlflow.tracking_uri)
     experiment = client.get_experiment_by_name("primus-flow-smoke")

@@ -4,7 +4,9 @@ leaves nothing behind; and, on the real stack, ``flow run`` hands jobs to a runn
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -175,11 +177,17 @@ def test_flow_run_hands_jobs_to_the_warm_driver(
     app = tmp_path / "warm_app.py"
     app.write_text(RATINGS_APP)
 
-    done = run_flow(["run", str(app)], stack_env)
-    said = done.stdout + done.stderr
-    assert done.returncode == 0, said
-    assert "on the warm driver" in said
-    assert "300 training rows" in said
+    # --json: the job's output, relayed from the driver, goes to stderr; stdout is one object.
+    done = run_flow(["run", "--json", str(app)], stack_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "on the warm driver" in done.stderr
+    assert "300 training rows" in done.stderr
+    outcome = json.loads(done.stdout)
+    assert (outcome["exit_code"], outcome["pipeline"]) == (0, "ratings")
+    assert re.fullmatch(r"[0-9a-f]{32}", outcome["mlflow_run_id"])
+    (stage,) = outcome["stages"]
+    assert (stage["stage"], stage["events_in"], stage["training_rows"]) == ("backfill", 300, 300)
+    assert stage["reconciled"] is True
     rows = handoff_rows(f"{running_stack.handoff}/warm", "ratings")
     assert rows.num_rows == 300
     assert set(rows.column("label").to_pylist()) == {0, 1}

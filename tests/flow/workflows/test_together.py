@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import pytest
 
@@ -93,3 +99,56 @@ def test_a_pipeline_files_job_gets_the_connectors_of_its_sources_only(tmp_path: 
     script = tmp_path / "job.py"
     script.write_text("raise SystemExit('a plain script must not run in the CLI')\n")
     assert pipeline_connectors([str(script)]) is None
+
+
+class _Tracker:
+    """MlflowTracker's pipeline run, as the status it ends with."""
+
+    ended: ClassVar[list[str]] = []
+
+    def __init__(self, tracking_uri: str, experiment: str) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def pipeline_run(self, name: str, params: Any = None) -> Iterator[Any]:
+        run = SimpleNamespace(run_id="p" * 32, log_metrics=lambda metrics: None)
+        try:
+            yield run
+        except BaseException:
+            self.ended.append("FAILED")
+            raise
+        self.ended.append("FINISHED")
+
+
+@pytest.mark.parametrize(
+    ("spark_code", "trainer_code", "status"),
+    [(0, 0, "FINISHED"), (0, 5, "FAILED"), (3, 0, "FAILED")],
+)
+def test_run_together_says_how_both_ended_and_fails_their_run_when_one_failed(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    spark_code: int,
+    trainer_code: int,
+    status: str,
+) -> None:
+    from flow.workflows import together
+
+    monkeypatch.setattr(together, "MlflowTracker", _Tracker)
+    _Tracker.ended.clear()
+    stack = StackConfig.from_env(stack_env_for(tmp_path))
+    trainer = [sys.executable, "-c", f"raise SystemExit({trainer_code})"]
+    done = together.run_together(
+        [str(tmp_path / "job.py")],
+        parse_args(["--namespace", "ctr", "--channel", "live"]),
+        1,
+        stack,
+        lambda argv, extra: spark_code,
+        lambda said: None,
+        start_trainer=lambda argv, env: subprocess.Popen(trainer),
+    )
+    assert (done.run_id, done.spark_code) == ("p" * 32, spark_code)
+    assert done.code == (spark_code or trainer_code)
+    if not spark_code:  # else the trainer was stopped, maybe before it ended of itself
+        assert done.trainer_code == trainer_code
+    assert done.trainer_result == result_file(stack, "p" * 32)
+    assert _Tracker.ended == [status]
