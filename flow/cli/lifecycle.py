@@ -171,8 +171,9 @@ def retrain(
     # worker pointed at remote MLflow must not grow a local broker and tracking server.
     stack = stack_up(services_needed(pipeline))
     name = model_name or pipeline.name
-    settings = RetrainSettings(name, margin, holdout_share, train_args)
-    launcher = spark_launcher(stack, warm=not cold)
+    settings = RetrainSettings(name, margin, holdout_share, train_args, output_to_stderr=as_json)
+    # With --json, stdout is the outcome's alone: the Spark job's and the trainer's go to stderr.
+    launcher = spark_launcher(stack, warm=not cold, stdout_to_stderr=as_json)
     outcome = run_retrain(stack, app, settings, launcher, progress)
     code = EXIT_CODES[outcome.outcome]
     if as_json:

@@ -140,6 +140,8 @@ class RetrainSettings:
     holdout_share: float = 0.125
     train_args: str = ""
     """More trainer options, e.g. ``--lr 0.01``."""
+    output_to_stderr: bool = False
+    """The trainer's output on stderr (``flow retrain --json`` keeps stdout for its document)."""
 
 
 def retrain(
@@ -229,7 +231,9 @@ def _train(channel: Channel, after: int, settings: RetrainSettings, parent: str)
         config = parse_args(shlex.split(settings.train_args), base=config, prog="--train")
         file = save_config(config, Path(folder) / "trainer.json")
         done = subprocess.run(
-            [sys.executable, "-m", "trainers", "train", "--config", str(file)], check=False
+            [sys.executable, "-m", "trainers", "train", "--config", str(file)],
+            check=False,
+            stdout=2 if settings.output_to_stderr else None,  # fd 2: see flow.terminal.to_stderr
         )
         if done.returncode != 0 or not result.exists():
             raise ConfigError(f"the trainer failed (exit {done.returncode}); see its output above")

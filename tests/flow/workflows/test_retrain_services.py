@@ -3,6 +3,7 @@ point elsewhere (a scheduler's worker configured for remote MLflow and Kafka).""
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -96,3 +97,30 @@ def test_a_pipeline_file_is_built_for_the_namespace_asked_when_it_takes_one(
         "def fixed():\n    return ctr_backfill('elsewhere')\n"
     )
     assert load_pipeline(str(fixed), "demo").namespace == "elsewhere"  # takes none: as is
+
+
+def test_with_json_the_job_and_the_trainer_write_to_stderr_and_stdout_is_the_outcome(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flow.cli import lifecycle
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(lifecycle, "stack_up", lambda services: None)
+
+    def launcher(stack: object, **kwargs: object) -> str:
+        seen["launcher"] = kwargs
+        return "spark"
+
+    def retrain(stack: object, app: str, settings: workflow.RetrainSettings, *a: object) -> object:
+        seen["settings"] = settings
+        return RetrainOutcome("nothing-new", "test", 1, "")
+
+    monkeypatch.setattr(lifecycle, "spark_launcher", launcher)
+    monkeypatch.setattr(workflow, "retrain", retrain)
+    monkeypatch.chdir(REPO)
+    result = CliRunner().invoke(main, ["retrain", "pipelines/ctr_backfill.py", "--json"])
+    assert result.exit_code == 4, result.output  # nothing new
+    assert json.loads(result.stdout)["outcome"] == "nothing-new"
+    assert seen["launcher"] == {"warm": True, "stdout_to_stderr": True}
+    assert isinstance(seen["settings"], workflow.RetrainSettings)
+    assert seen["settings"].output_to_stderr
