@@ -17,16 +17,19 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from mlflow.tracking import MlflowClient
 
 from flow import stack as services
 from flow.config import StackConfig
+from flow.handoff import Channel, Commit
 from flow.insight import channel_insight
 from flow.tracking import EXPERIMENT_KIND_TAG, MACHINE_LEARNING_KIND, MlflowTracker
-from tests.flow.test_insight import add_commit, shifted
+from tests.flow.test_insight import shifted
 from tests.support import REPO, stack_env_for
-from tests.trainers.channels import rows, write
+from tests.trainers.channels import LAYOUT, SCHEMA, rows
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 SCREENSHOTS = REPO / "docs" / "images"
@@ -181,18 +184,46 @@ def test_an_existing_experiment_without_a_kind_gets_the_machine_learning_kind(
     assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"
 
 
+UNITS = {
+    # As a pipeline stage records them (ChannelMeta.units): an age standardized, a price logged.
+    "age": {"column": "age", "mean": 41.0, "std": 12.0, "log": False, "clip": None},
+    "price": {"column": "price", "mean": 3.0, "std": 0.8, "log": True, "clip": None},
+}
+
+
+def _a_day(table: pa.Table, seed: int) -> pa.Table:
+    """``table``'s rows spread over the 24 hours before now, the label rate rising through the
+    day (as a stage's rows carry their event times)."""
+    rng = np.random.default_rng(seed)
+    n = table.num_rows
+    hours = np.sort(rng.uniform(0, 24, n))
+    now_us = int(np.datetime64("now", "us").astype(np.int64))
+    event = pa.array(now_us - ((24 - hours) * 3600e6).astype(np.int64), pa.int64())
+    label = (rng.random(n) < 0.25 + 0.2 * hours / 24).astype(np.float32)
+    table = table.set_column(0, "label", pa.array(label))
+    return table.set_column(3, "event_time", event.cast(pa.timestamp("us", tz="UTC")))
+
+
 def test_an_insight_report_renders_its_plots_and_findings_in_a_browser(tmp_path: Path) -> None:
-    """The report as MLflow's artifact view serves it: one HTML file, its plots inside it. A
+    """The report as MLflow's artifact view serves it: one HTML file, its plots inside it, the
+    numbers in their raw units (the channel records its transform), the label rate by hour. A
     planted drift is the report's first finding; the plots are images that decode (Chromium
     gives a broken image no size)."""
     stack = StackConfig.from_env(stack_env_for(tmp_path / "home"))
-    write(tmp_path, "live", [4000], buckets=1)
+    channel = Channel(str(tmp_path), "live")
+    meta = channel.create(SCHEMA, num_buckets=1, layout=LAYOUT.to_dict(), units=UNITS)
+    for batch_id, table in enumerate(
+        [_a_day(rows(8000, seed=5), 1), _a_day(shifted(rows(8000, seed=6), by=1.0), 2)]
+    ):
+        shard = channel.write_bucket(batch_id, 0, table, "t0")
+        channel.add_commit(Commit("live", batch_id, (shard,), meta.fingerprint))
     channel_insight(stack, str(tmp_path), "live", [0])
-    moved = add_commit(tmp_path, "live", shifted(rows(4000, seed=6), by=2.0))
-    _, folder = channel_insight(stack, str(tmp_path), "live", [moved])
+    _, folder = channel_insight(stack, str(tmp_path), "live", [1])
     page = (folder / "report.html").as_uri()
     dom = _chromium(page, tmp_path / "profile", "--dump-dom").stdout
     text = " ".join(_page_text(page, tmp_path / "profile-text"))
     assert "price drifted" in text
+    table = text.split("(the values the trainer reads)")[1]  # past the legend that names both
+    assert "as stored" not in table and "raw" in table  # ages in years, prices in money
     assert dom.count("data:image/png;base64,") == 3
     _screenshot(page, tmp_path / "profile-shot", "insight-report.png", size="1200,1800")
