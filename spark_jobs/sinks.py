@@ -9,7 +9,9 @@ A ledger that takes a commit every micro-batch keeps a bounded number of snapsho
 (:class:`LedgerRetention`): every ``every`` batches a writer's commit also carries the roll-up of
 its earlier commits' counts (``flow-rollup.*`` in the summary), and the snapshots that roll-up
 covers are expired after it. Totals are the latest roll-up plus the commits after it, read from
-one ``snapshots`` table (one metadata version): exact before, during and after an expiry.
+one ``snapshots`` table (one metadata version): exact before, during and after an expiry. A
+reader of the summaries reads them so (:func:`ledger_totals`); a plain sum of every snapshot's
+``flow.*`` keys misses what was rolled up.
 """
 
 from __future__ import annotations
