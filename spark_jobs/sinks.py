@@ -284,13 +284,15 @@ class BatchLedger:
             if not ids:
                 return
             catalog = table.partition(".")[0]
-            listed = ", ".join(f"{i}L" for i in ids)
-            # older_than: only the ids named; else Iceberg also expires every snapshot older
-            # than history.expire.max-snapshot-age-ms (5 days), other writers' last ones too.
-            spark.sql(
-                f"CALL {catalog}.system.expire_snapshots(table => '{table}', "
-                f"older_than => TIMESTAMP '2000-01-01 00:00:00', snapshot_ids => array({listed}))"
-            ).collect()
+            # A thousand a call: a table older than this version may have a day's snapshots.
+            for start in range(0, len(ids), 1000):
+                listed = ", ".join(f"{i}L" for i in ids[start : start + 1000])
+                # older_than: only the ids named; else Iceberg also expires every snapshot
+                # older than history.expire.max-snapshot-age-ms (5 days), others' last ones too.
+                spark.sql(
+                    f"CALL {catalog}.system.expire_snapshots(table => '{table}', older_than => "
+                    f"TIMESTAMP '2000-01-01 00:00:00', snapshot_ids => array({listed}))"
+                ).collect()
             spark.catalog.refreshTable(table)
             self.progress(
                 f"{table}: expired {len(ids):,} snapshots of {self.writer} that a roll-up of "
