@@ -134,6 +134,8 @@ class _TableSink:
         self.spark = spark
         self.where = table
         self.writer = writer
+        # No retention (spark_jobs.sinks.LedgerRetention): a training table's snapshots are
+        # what an incremental reader of it reads by (rows appended after a snapshot).
         self.ledger = BatchLedger(spark, table, writer)
         self.last = self.ledger.last
 

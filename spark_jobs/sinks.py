@@ -4,12 +4,23 @@ Structured Streaming may run a batch id again after a failure. Each write record
 and for which batch in the Iceberg snapshot's summary (``flow.writer``, ``flow.batch``); a write
 whose pair is already committed is skipped. Counts travel in the same commit, so totals read
 back from the table (``writer_totals``) hold across restarts.
+
+A ledger that takes a commit every micro-batch keeps a bounded number of snapshots
+(:class:`LedgerRetention`): every ``every`` batches a writer's commit also carries the roll-up of
+its earlier commits' counts (``flow-rollup.*`` in the summary), and the snapshots that roll-up
+covers are expired after it. Totals are the latest roll-up plus the commits after it, read from
+one ``snapshots`` table (one metadata version): exact before, during and after an expiry. A
+reader of the summaries reads them so (:func:`ledger_totals`); a plain sum of every snapshot's
+``flow.*`` keys misses what was rolled up.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -28,11 +39,16 @@ from spark_jobs.constants import batch_time
 __all__ = [
     "DEAD_LETTER_SCHEMA",
     "LEDGER_PROPERTIES",
+    "LEDGER_RETENTION",
+    "ROLLUP",
     "BatchLedger",
+    "LedgerRetention",
     "append_once",
     "committed",
     "dead_letter_rows",
     "ensure_table",
+    "expirable",
+    "ledger_totals",
     "writer_totals",
 ]
 
@@ -63,6 +79,53 @@ unless told, and each lists every snapshot: kept, they grow as the square of the
 after 40 micro-batches, ~26 GB after 5,000: ``flow bench soak``). These keep the last 20."""
 
 
+ROLLUP = "flow-rollup."
+"""Prefix of a roll-up's keys in a snapshot summary: ``flow-rollup.batch`` (every commit of the
+writer up to this batch is in it) and ``flow-rollup.<total>`` (``commits``, ``added-records``,
+each ``flow.*`` count). Not ``flow.``: a per-batch count is any ``flow.*`` key."""
+
+
+@dataclass(frozen=True)
+class LedgerRetention:
+    """Which of a writer's snapshots its ledger keeps.
+
+    A ledger takes a commit a micro-batch (17,000 a day at a 5 s trigger) and every
+    ``metadata.json`` lists every snapshot: +1.4 KB a batch, written and read at each commit
+    (2.9 -> 58 MB of metadata over 1,500 batches of ``flow bench soak``). Expired are the
+    writer's snapshots that a later roll-up covers, outside its last ``keep`` batches and older
+    than ``min_age_s``: about ``every + keep`` snapshots stay a writer, or those of the last
+    ``min_age_s``, whichever is more. Other writers' snapshots (and any without ``flow.writer``)
+    are never touched."""
+
+    every: int = 100
+    """Batches whose id is a multiple of this carry the roll-up of the writer's earlier commits;
+    an expiry follows each, on a thread (a Spark job reading the table's manifests: ~1-3 s on
+    the 2-core machine). Smaller expires more often for fewer snapshots kept."""
+    keep: int = 100
+    """The writer's last this many batches are never expired: the run's report counts up to
+    the batch both of its sinks committed (at most one behind the ledger's last), and whoever
+    looks at the table's recent history sees its per-batch counts."""
+    min_age_s: float = 600.0
+    """A snapshot younger than this is never expired, whatever ``keep`` says: a reader plans a
+    scan on the snapshot it loaded, and expiry deletes the manifest lists no kept snapshot
+    names. Ten minutes, as the handoff log gives a segment (``SEGMENT_GRACE_S``)."""
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"LedgerRetention.every={self.every}: use 1 or more batches")
+        if self.keep < 1:
+            raise ValueError(
+                f"LedgerRetention.keep={self.keep}: keep 1 or more batches (the last one holds "
+                "the writer's last batch id, which replays are skipped by)"
+            )
+        if self.min_age_s < 0:
+            raise ValueError(f"LedgerRetention.min_age_s={self.min_age_s}: use 0 or more")
+
+
+LEDGER_RETENTION = LedgerRetention()
+"""The dead-letter table's (the live stages' counts ledger)."""
+
+
 def ensure_table(
     spark: SparkSession,
     name: str,
@@ -91,8 +154,13 @@ def _properties(properties: Mapping[str, str]) -> str:
 
 
 def committed(spark: SparkSession, table: str, writer: str, batch: int) -> bool:
-    """Whether ``writer`` already committed ``batch`` to ``table``."""
-    found = _commits(spark, table, writer).where(F.col("summary")["flow.batch"] == str(batch))
+    """Whether ``writer`` already committed ``batch`` to ``table`` (a batch at or below a
+    roll-up counts as committed: its own snapshot may be expired)."""
+    summary = F.col("summary")
+    found = _commits(spark, table, writer).where(
+        (summary["flow.batch"] == str(batch))
+        | (summary[f"{ROLLUP}batch"].cast("bigint") >= F.lit(batch))
+    )
     return found.limit(1).count() > 0
 
 
@@ -127,11 +195,26 @@ class BatchLedger:
     Structured Streaming gives a query's batches increasing ids and, after a failure, replays
     only ids at or below the last one it started. So the highest id committed when a stage
     starts is all a writer needs to skip replays: no metadata scan per micro-batch.
+
+    With a ``retention``, the writer's old snapshots are expired (see :class:`LedgerRetention`)
+    on a thread of the ledger's own after the commit that rolls them up; the next append waits
+    for it, so the ledger's own commits never race. :meth:`wait` before the session stops.
     """
 
-    def __init__(self, spark: SparkSession, table: str, writer: str) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        table: str,
+        writer: str,
+        retention: LedgerRetention | None = None,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.spark = spark
         self.table = table
         self.writer = writer
+        self.retention = retention
+        self.progress = progress
+        self._expiring: threading.Thread | None = None
         self.last = -1
         if spark.catalog.tableExists(table):
             batches = (
@@ -157,9 +240,70 @@ class BatchLedger:
         of its own every batch."""
         if batch <= self.last:
             return False
-        _append(df, self.table, self.writer, batch, properties, few=few)
+        self.wait()
+        retention = self.retention
+        rollup = {}
+        if retention is not None and batch % retention.every == 0:
+            rollup = self._rollup(batch)
+        _append(df, self.table, self.writer, batch, properties, few=few, rollup=rollup)
         self.last = batch
+        if rollup:
+            # A plain thread: not the stream's job group, which stopping the query cancels.
+            self._expiring = threading.Thread(
+                target=self._expire, name="ledger-expire", daemon=True
+            )
+            self._expiring.start()
         return True
+
+    def wait(self) -> None:
+        """Until the expiry in flight (if any) is done."""
+        if self._expiring is not None:
+            self._expiring.join()
+            self._expiring = None
+
+    def _rollup(self, batch: int) -> dict[str, str]:
+        """Summary properties rolling up the writer's commits before ``batch``."""
+        totals, upto = ledger_totals(_summaries(self.spark, self.table, self.writer), batch - 1)
+        if upto < 0:
+            return {}
+        return {f"{ROLLUP}batch": str(upto)} | {f"{ROLLUP}{k}": str(v) for k, v in totals.items()}
+
+    def _expire(self) -> None:
+        retention = self.retention
+        assert retention is not None
+        try:
+            started = time.monotonic()
+            spark, table = self.spark, self.table
+            found = (
+                _commits(spark, table, self.writer)
+                .select("snapshot_id", F.unix_millis("committed_at").alias("at"), "summary")
+                .collect()
+            )
+            snapshots = [(r["snapshot_id"], r["at"], r["summary"]) for r in found]
+            ids = expirable(snapshots, retention, now_ms=int(time.time() * 1000))
+            if not ids:
+                return
+            catalog = table.partition(".")[0]
+            # A thousand a call: a table older than this version may have a day's snapshots.
+            for start in range(0, len(ids), 1000):
+                listed = ", ".join(f"{i}L" for i in ids[start : start + 1000])
+                # older_than: only the ids named; else Iceberg also expires every snapshot
+                # older than history.expire.max-snapshot-age-ms (5 days), others' last ones too.
+                spark.sql(
+                    f"CALL {catalog}.system.expire_snapshots(table => '{table}', older_than => "
+                    f"TIMESTAMP '2000-01-01 00:00:00', snapshot_ids => array({listed}))"
+                ).collect()
+            spark.catalog.refreshTable(table)
+            self.progress(
+                f"{table}: expired {len(ids):,} snapshots of {self.writer} that a roll-up of "
+                f"their counts covers ({time.monotonic() - started:.1f}s, on a thread)"
+            )
+        except Exception as error:  # the next roll-up tries again; the counts are all there
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            self.progress(
+                f"{self.table}: expiring old snapshots of {self.writer} failed ({first}); "
+                f"tried again in {retention.every} batches"
+            )
 
 
 def _append(
@@ -170,33 +314,88 @@ def _append(
     properties: Mapping[str, int] | None,
     *,
     few: bool = False,
+    rollup: Mapping[str, str] | None = None,
 ) -> None:
     options = {"snapshot-property.flow.writer": writer, "snapshot-property.flow.batch": str(batch)}
     options |= {f"snapshot-property.{k}": str(int(v)) for k, v in (properties or {}).items()}
+    options |= {f"snapshot-property.{k}": v for k, v in (rollup or {}).items()}
     if few:
         df = df.coalesce(1)
         options["distribution-mode"] = "none"
     df.writeTo(table).options(**options).append()
 
 
+def _summaries(spark: SparkSession, table: str, writer: str) -> list[dict[str, str]]:
+    return [r["summary"] for r in _commits(spark, table, writer).select("summary").collect()]
+
+
 def writer_totals(
     spark: SparkSession, table: str, writer: str, upto: int | None = None
 ) -> Counter[str]:
     """Sums over every commit of ``writer`` (of batches up to ``upto``, if given):
-    ``added-records`` and each ``flow.*`` count."""
-    totals: Counter[str] = Counter()
+    ``commits``, ``added-records`` and each ``flow.*`` count (see :func:`ledger_totals`)."""
     if not spark.catalog.tableExists(table):
-        return totals
-    for row in _commits(spark, table, writer).select("summary").collect():
-        summary = row["summary"]
-        if upto is not None and int(summary.get("flow.batch") or -1) > upto:
+        return Counter()
+    return ledger_totals(_summaries(spark, table, writer), upto)[0]
+
+
+def ledger_totals(
+    summaries: Iterable[Mapping[str, str]], upto: int | None = None
+) -> tuple[Counter[str], int]:
+    """The totals of one writer's commits (of batches up to ``upto``) from its snapshots'
+    summaries, and the last batch counted (-1: none): the latest roll-up at or below ``upto``
+    plus each commit after it. Exact as long as the commits after that roll-up are all there,
+    which expiry keeps (:func:`expirable`: only what a present roll-up covers goes)."""
+    commits: list[tuple[int, Mapping[str, str]]] = []
+    base: Mapping[str, str] = {}
+    base_batch = -1
+    for summary in summaries:
+        batch = int(summary.get("flow.batch") or -1)
+        if upto is None or batch <= upto:
+            commits.append((batch, summary))
+        rolled = int(summary.get(f"{ROLLUP}batch") or -1)
+        if base_batch < rolled and (upto is None or rolled <= upto):
+            base, base_batch = summary, rolled
+    totals: Counter[str] = Counter(
+        {k.removeprefix(ROLLUP): int(v) for k, v in base.items() if k.startswith(ROLLUP)}
+    )
+    del totals["batch"]
+    last = base_batch
+    for batch, summary in commits:
+        if batch <= base_batch:
             continue
+        last = max(last, batch)
         totals["commits"] += 1
         totals["added-records"] += int(summary.get("added-records") or 0)
         for key, value in summary.items():
             if key.startswith("flow.") and key not in ("flow.writer", "flow.batch"):
                 totals[key] += int(value)
-    return totals
+    return totals, last
+
+
+def expirable(
+    snapshots: Sequence[tuple[int, int, Mapping[str, str]]],
+    retention: LedgerRetention,
+    now_ms: int,
+) -> list[int]:
+    """Of one writer's snapshots, (snapshot id, committed at in ms, summary) each, the ids to
+    expire: covered by the latest roll-up (so :func:`ledger_totals` no longer reads them),
+    outside the writer's last ``retention.keep`` batches and older than ``retention.min_age_s``.
+    The roll-up's own snapshot is a later batch than it covers, so it stays."""
+    rollups = [int(s[f"{ROLLUP}batch"]) for _, _, s in snapshots if f"{ROLLUP}batch" in s]
+    if not rollups:
+        return []
+    covered = max(rollups)
+    batches = sorted({int(s.get("flow.batch") or -1) for _, _, s in snapshots})
+    recent = set(batches[-retention.keep :])
+    cutoff = now_ms - retention.min_age_s * 1000
+    return [
+        snapshot_id
+        for snapshot_id, at, summary in snapshots
+        if (batch := int(summary.get("flow.batch") or -1)) <= covered
+        and batch not in recent
+        and at < cutoff
+    ]
 
 
 def dead_letter_rows(dead: DataFrame, pipeline: str, stage: str) -> DataFrame:

@@ -22,6 +22,9 @@ Like Delta's checkpoints and Iceberg's manifest lists. The commit records stay w
   the ``_closed`` marker) and one GET per writer.
 * **Retention** folds everything up to the watermark into a checkpoint, then deletes those
   commits' shards, records and sequence claims: the checkpoint keeps their rows, so plans stay.
+  A retired commit's shard list goes too: a fold rewrites each segment that holds only retired
+  commits with one entry a commit (its rows, no path: :func:`_retired_table`), so the log grows
+  by what is unretired, not by a shard list a retired commit (7.8 KB with 64 buckets).
 
 A channel without ``log/_checkpoint.json`` (written before) is read by listing ``commits/``, as
 before; its first write by this version folds the listing into the first checkpoint.
@@ -121,7 +124,9 @@ class Checkpoint:
     """The latest fold of a channel's log."""
 
     segments: tuple[dict[str, Any], ...] = ()
-    """``{"name", "commits", "level"}`` each, oldest first."""
+    """``{"name", "commits", "level", "last"}`` each (``last``: its highest batch id; absent in
+    older checkpoints), oldest first; ``"retired": true`` once it holds retired commits only,
+    without their shard lists."""
     heads: dict[str, list[int]] = field(default_factory=dict)
     """Each writer's (seq, batch id) as folded: its later commits are read from records."""
     commits: int = 0
@@ -171,13 +176,50 @@ def _segment_table(commits: Sequence[Commit]) -> pa.Table:
     )
 
 
-def _write_segment(folder: Location, table: pa.Table, level: int) -> dict[str, Any]:
+RETIRED_BUCKET = -1
+"""The bucket of a retired commit's one shard entry in a segment: its rows, no file."""
+
+
+def _retired_table(table: pa.Table) -> pa.Table:
+    """``table`` (a segment) with each commit's shard list replaced by one entry: its rows in
+    bucket :data:`RETIRED_BUCKET`, no path, no bytes, no checksum. Its shards are deleted, so
+    no reader opens them; what a retired commit is still asked for (its rows, writer,
+    sequence, stats and source positions: reports, replays, gap checks) stays."""
+    if not len(table):
+        return table
+    shards = table.column("shards").combine_chunks()
+    offsets = shards.offsets.to_numpy()
+    shard_rows = shards.flatten().field("rows").to_numpy()
+    cumulative = np.concatenate([[0], np.cumsum(shard_rows)])
+    rows = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+    n = len(table)
+    one = pa.StructArray.from_arrays(
+        [
+            pa.array([""] * n, pa.string()),
+            pa.array(np.full(n, RETIRED_BUCKET, np.int32)),
+            pa.array(rows.astype(np.int64)),
+            pa.array(np.zeros(n, np.int64)),
+            pa.array([""] * n, pa.string()),
+        ],
+        fields=list(_SHARD),
+    )
+    listed = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), one)
+    at = table.schema.get_field_index("shards")
+    return table.set_column(at, SEGMENT_SCHEMA.field("shards"), listed)
+
+
+def _write_segment(
+    folder: Location, table: pa.Table, level: int, *, retired: bool = False
+) -> dict[str, Any]:
     name = f"{level}-{uuid.uuid4().hex}.arrow"
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as out:
         out.write_table(table)
     folder.child(LOG, SEGMENTS).write_bytes(name, sink.getvalue())
-    return {"name": name, "commits": table.num_rows, "level": level}
+    last = int(np.max(table.column("batch_id").to_numpy())) if len(table) else -1
+    return {"name": name, "commits": table.num_rows, "level": level, "last": last} | (
+        {"retired": True} if retired else {}
+    )
 
 
 def _read_segment(folder: Location, name: str) -> pa.Table:
@@ -335,6 +377,7 @@ def fold(folder: Location, *, retire_upto: int | None = None) -> Checkpoint:
         new.sort(key=lambda c: c.batch_id)
         segments.append(_write_segment(folder, _segment_table(new), 0))
         segments = _merged(folder, segments)
+    segments = _without_retired_shards(folder, segments, watermark)
     checkpoint = Checkpoint(
         tuple(segments),
         folded,
@@ -365,6 +408,35 @@ def _sweep_segments(folder: Location, keep: Iterable[Checkpoint | None]) -> None
             folder.fs.delete_file(info.path)
 
 
+def _without_retired_shards(
+    folder: Location, segments: list[dict[str, Any]], retired_upto: int
+) -> list[dict[str, Any]]:
+    """``segments`` with each one that holds only commits up to ``retired_upto`` and still has
+    their shard lists rewritten by :func:`_retired_table` (once: it is marked ``retired``). A
+    segment that also holds later commits waits for a retention that covers it. The old file
+    stays for a while, like a merged one (:data:`SEGMENT_GRACE_S`)."""
+    if retired_upto < 0:
+        return segments
+    out = []
+    for segment in segments:
+        if segment.get("retired"):
+            out.append(segment)
+            continue
+        table = None
+        last = segment.get("last")
+        if last is None:  # a segment written before segments said their last commit: once
+            table = _read_segment(folder, segment["name"])
+            last = int(np.max(table.column("batch_id").to_numpy())) if len(table) else -1
+            segment = {**segment, "last": last}
+        if last > retired_upto:
+            out.append(segment)
+            continue
+        if table is None:
+            table = _read_segment(folder, segment["name"])
+        out.append(_write_segment(folder, _retired_table(table), segment["level"], retired=True))
+    return out
+
+
 def _merged(folder: Location, segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Segments with every run of :data:`MERGE_SEGMENTS` of one level merged into one of the
     next (the old files stay for a while: a reader of the old checkpoint may need them; see
@@ -378,7 +450,8 @@ def _merged(folder: Location, segments: list[dict[str, Any]]) -> list[dict[str, 
             level += 1
             continue
         table = _read_segments(folder, [s["name"] for s in same])
-        merged = _write_segment(folder, table, level + 1)
+        retired = all(s.get("retired") for s in same)
+        merged = _write_segment(folder, table, level + 1, retired=retired)
         segments = [merged, *(s for s in segments if s["level"] != level)]
         segments.sort(key=lambda s: -s["level"])
 

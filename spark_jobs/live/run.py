@@ -39,7 +39,7 @@ from spark_jobs.live.stream_writer import StreamWriter
 from spark_jobs.live.supervise import OnBatch, Supervisor, Watch
 from spark_jobs.outputs import HandoffSink, TrainingSink, training_sink
 from spark_jobs.report import StageReport
-from spark_jobs.sinks import BatchLedger, writer_totals
+from spark_jobs.sinks import LEDGER_RETENTION, BatchLedger, writer_totals
 from spark_jobs.stage import Progress, StageRun
 
 __all__ = [
@@ -138,6 +138,7 @@ class LiveRun(StageRun[LiveStage]):
         finally:
             if isinstance(writer, InPlanWriter):
                 writer.release()
+            writer.ledger.wait()  # an expiry of old ledger snapshots in flight
             dimensions.release()
         return self.count(outputs, watch, writer.ledger.last)
 
@@ -187,7 +188,9 @@ class LiveRun(StageRun[LiveStage]):
             self.query.sources,
             query_name=self.query.name,
             checkpoint=outputs.checkpoint,
-            ledger=BatchLedger(self.spark, outputs.dead_letters, outputs.writer),
+            ledger=BatchLedger(
+                self.spark, outputs.dead_letters, outputs.writer, LEDGER_RETENTION, self.progress
+            ),
             featurizer=Featurizer(self.spark, self.stage.features, state),
             dimensions=dimensions,
             progress=self.progress,

@@ -38,6 +38,7 @@ from flow.handoff import Channel, ChannelReader, ReadOptions
 from flow.handoff.format import COMMITS, commit_name
 from flow.stack.iceberg import open_catalog
 from flow.stack.kafka import ensure_topics
+from spark_jobs.sinks import ledger_totals
 from tests.faults.events import BROKEN, Expected, Producer, marker_of
 from tests.support import FLOW_BIN, REPO, clean_environ, handoff_rows, run_flow
 
@@ -124,14 +125,17 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 300) -> None
 
 
 def ledger(stack: StackConfig, namespace: str) -> Counter[str]:
-    """The counts every commit of the stage put in the dead-letter table's snapshots."""
+    """The counts every commit of the stage put in the dead-letter table's snapshots: per
+    writer, its latest roll-up and the commits after it (older snapshots may be expired)."""
     table = open_catalog(stack.catalog).load_table(f"{namespace}.dead_letters")
-    totals: Counter[str] = Counter()
+    by_writer: dict[str, list[dict[str, str]]] = {}
     for snapshot in table.metadata.snapshots:
-        summary = snapshot.summary
-        for key, value in (summary.additional_properties if summary else {}).items():
-            if key.startswith("flow.") and key not in ("flow.writer", "flow.batch"):
-                totals[key] += int(value)
+        summary = dict(snapshot.summary.additional_properties if snapshot.summary else {})
+        by_writer.setdefault(summary.get("flow.writer", ""), []).append(summary)
+    totals: Counter[str] = Counter()
+    for summaries in by_writer.values():
+        found = ledger_totals(summaries)[0]
+        totals.update({k: v for k, v in found.items() if k.startswith("flow.")})
     return totals
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -301,3 +303,68 @@ def test_rank_totals_follow_from_the_sum_of_rows(size: int, commits: list[int], 
         totals = [t + s for t, s in zip(totals, targets(rows_, totals), strict=True)]
     total = carry + sum(commits)
     assert totals == [total // size + (1 if r < total % size else 0) for r in range(size)]
+
+
+def _log_bytes(w: Writer) -> int:
+    """The segments and checkpoint a reader starting now loads."""
+    checkpoint = commit_log.read_checkpoint(w.channel.folder)
+    assert checkpoint is not None
+    log = folder(w) / "log"
+    names: list[str] = [s["name"] for s in checkpoint.segments]
+    return (log / "_checkpoint.json").stat().st_size + sum(
+        (log / "segments" / n).stat().st_size for n in names
+    )
+
+
+def test_retired_commits_leave_no_shard_list_in_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # flow bench soak: a retired commit kept its shard list (64 shards: ~7.8 KB) in the
+    # segments, which every new reader loads; retention must bound the log by what is unretired.
+    monkeypatch.setattr(commit_log, "SEGMENT_GRACE_S", 0.0)
+    buckets = 32
+    w = Writer(tmp_path, "live", buckets=buckets, writer="ctr.live:a")
+    written: list[int] = []
+    sizes: dict[int, int] = {}
+
+    def go_on(commits: int) -> None:
+        for _ in range(commits):
+            written.extend(w.commit([1] * buckets))
+            if w.batch % 5 == 0:  # the consumer read it all; the writer's retention runs
+                position = ConsumerPosition("t", 0, 1, w.batch - 1, "2026-01-01T00:00:00+00:00")
+                w.channel.record(position)
+                w.channel.retire()
+        sizes[w.batch] = _log_bytes(w)
+
+    go_on(30)
+    # A checkpoint written before segments said their last commit: read once, then thinned.
+    path = folder(w) / "log" / "_checkpoint.json"
+    old = commit_log.Checkpoint.from_json(path.read_text())
+    bare = tuple({k: s[k] for k in ("name", "commits", "level")} for s in old.segments)
+    path.write_text(commit_log.Checkpoint(bare, old.heads, old.commits, old.retired_upto).to_json())
+    go_on(30)
+    go_on(60)
+    written.extend(w.commit([2] * buckets))  # batch 120: not retired, a record
+    shard_list = len(json.dumps([asdict(s) for s in w.channel.commit(120).shards]))
+    per_commit = (sizes[120] - sizes[60]) / 60  # ~ the shard list a commit before
+    assert per_commit < shard_list / 4, (sizes, shard_list)  # 300-400 B: the record's JSON
+    checkpoint = commit_log.read_checkpoint(w.channel.folder)
+    assert checkpoint is not None
+    assert checkpoint.retired_upto == 119
+    assert all(s.get("retired") for s in checkpoint.segments)
+    # What a retired commit is still asked for: its rows (a stage's totals), writer, sequence.
+    channel = Channel(str(tmp_path), "live")
+    ids = channel.commit_ids()
+    assert ids == list(range(121))
+    assert sum(channel.commit(b).rows for b in ids) == len(written)
+    assert channel.commit(7).writer == "ctr.live:a"
+    assert channel.commit(7).seq == 7
+    report = channel.verify()
+    assert report.ok, report.problems
+    assert report.commits == 121
+    # Readers after the retired range, from the checkpoint and following, read what came after.
+    written.extend(w.commit([3] * buckets))
+    after = written[-5 * buckets :]
+    assert sorted(rows(tmp_path, after_commit=119)) == after
+    w.channel.close()
+    assert sorted(rows(tmp_path, after_commit=119, follow=True)) == after

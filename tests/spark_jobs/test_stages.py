@@ -63,8 +63,10 @@ from spark_jobs.rows import dead_letter_table, training_table
 from spark_jobs.sinks import (
     LEDGER_PROPERTIES,
     BatchLedger,
+    LedgerRetention,
     append_once,
     ensure_table,
+    ledger_totals,
     writer_totals,
 )
 from spark_jobs.validate import parse_kafka
@@ -284,8 +286,11 @@ def _ledger_count(spark: SparkSession, world: Lake, key: str) -> int:
     if not spark.catalog.tableExists(table):
         return 0
     spark.catalog.refreshTable(table)
-    found = spark.sql(f"SELECT summary['{key}'] AS n FROM {table}.snapshots").collect()
-    return sum(int(r["n"] or 0) for r in found)
+    by_writer: dict[str, list[dict[str, str]]] = {}
+    for row in spark.sql(f"SELECT summary FROM {table}.snapshots").collect():
+        by_writer.setdefault(row["summary"].get("flow.writer", ""), []).append(row["summary"])
+    # Per writer, its latest roll-up and the commits after it (old snapshots may be expired).
+    return sum(ledger_totals(found)[0][key] for found in by_writer.values())
 
 
 def rows_of_all(world: Lake) -> list[dict[str, Any]]:
@@ -504,6 +509,50 @@ def test_a_ledger_keeps_its_last_metadata_files_and_an_old_one_is_given_the_sett
     ensure_table(spark, table, schema, properties={"write.metadata.previous-versions-max": "9"})
     shown = spark.sql(f"SHOW TBLPROPERTIES {table}").collect()
     assert {r["key"]: r["value"] for r in shown}["write.metadata.previous-versions-max"] == "2"
+
+
+def test_a_ledger_expires_the_snapshots_a_roll_up_of_their_counts_covers(
+    spark: SparkSession, world: Lake
+) -> None:
+    # flow bench soak: the ledger's metadata.json listed every snapshot (+1.4 KB a batch, 58 MB
+    # after 1,500). The counts live in the summaries: rolled up, then expired, never lost.
+    table = f"{world.stack.catalog.name}.{world.ns}.expiring_ledger"
+    ensure_table(spark, table, StructType([StructField("a", LongType())]), "", LEDGER_PROPERTIES)
+    catalog = open_catalog(world.stack.catalog)
+    batch = spark.range(1).withColumnRenamed("id", "a")
+    retention = LedgerRetention(every=5, keep=3, min_age_s=0)
+    said: list[str] = []
+    ledger = BatchLedger(spark, table, "w1", retention, said.append)
+    BatchLedger(spark, table, "w2").append(batch, 0, {"flow.n": 100}, few=True)  # not w1's
+
+    def held() -> tuple[int, int]:
+        spark.catalog.refreshTable(table)
+        snapshots = spark.table(f"{table}.snapshots").count()
+        where = catalog.load_table(f"{world.ns}.expiring_ledger").metadata_location
+        return snapshots, Path(where.removeprefix("file:").removeprefix("//")).stat().st_size
+
+    sizes = {}
+    for batch_id in range(30):
+        ledger.append(batch, batch_id, {"flow.n": batch_id}, few=True)
+        if batch_id == 25:  # a reader while the expiry runs reads every count once
+            assert writer_totals(spark, table, "w1")["flow.n"] == sum(range(26))
+        if batch_id in (14, 29):
+            ledger.wait()
+            sizes[batch_id] = held()
+    assert sizes[29][0] <= retention.every + retention.keep + 2, (sizes, said)  # w2's, too
+    assert sizes[29][1] <= sizes[14][1] * 1.1, sizes
+    assert any("expired" in line for line in said), said
+    totals = writer_totals(spark, table, "w1")
+    assert (totals["commits"], totals["added-records"]) == (30, 30)
+    assert totals["flow.n"] == sum(range(30))
+    assert writer_totals(spark, table, "w1", upto=28)["flow.n"] == sum(range(29))
+    assert writer_totals(spark, table, "w2")["flow.n"] == 100  # another writer's: all kept
+    assert spark.table(table).count() == 31  # expiry deletes no row
+    # A restart knows the last batch; a replay of an old, expired one is still a no-op.
+    again = BatchLedger(spark, table, "w1", retention)
+    assert again.last == 29
+    assert not again.append(batch, 29)
+    assert not append_once(batch, table, "w1", 3)
 
 
 def _two_impressions_a_bad_record_and_a_click(world: Lake) -> None:
