@@ -99,12 +99,16 @@ class CTRPredictor(_mlflow_pyfunc().PythonModel):  # type: ignore[misc]
     """Click probabilities from a frame of feature values."""
 
     def load_context(self, context: Any) -> None:
+        self.load_parts(context)
+        settle_collector()  # once, after every part is loaded
+
+    def load_parts(self, context: Any) -> None:
+        """The model from ``context``'s artifacts (a subclass adds its own parts)."""
         saved = torch.load(context.artifacts["model"], map_location="cpu", weights_only=False)
         self.layout = Layout.from_dict(saved["layout"])
         self.model = build_model(ModelConfig(**saved["model_config"]), self.layout)
         self.model.load_state_dict(saved["state"])
         self.model.eval()
-        settle_collector()
 
     # A DataFrame hint gives MLflow no schema of its own: the signature log_model() passes holds.
     def predict(

@@ -27,7 +27,7 @@ from flow.errors import ConfigError
 from flow.pipeline.state import Layout
 from flow.transform import FeatureTransform
 from flow.transform.serving import ServingFeatures
-from trainers.export import CTRPredictor, example_frame, one_thread, save_model, settle_collector
+from trainers.export import CTRPredictor, example_frame, one_thread, save_model
 from trainers.models import CTRModel
 
 __all__ = [
@@ -103,11 +103,10 @@ def raw_table(frame: pd.DataFrame, schema: pa.Schema) -> pa.Table:
 class RawCTRPredictor(CTRPredictor):
     """Click probabilities from raw event columns (after the caller's enrichment)."""
 
-    def load_context(self, context: Any) -> None:
-        super().load_context(context)
+    def load_parts(self, context: Any) -> None:
+        super().load_parts(context)
         saved = ServingFeatures.from_json(Path(context.artifacts["features"]).read_text())
         self.prepare(saved)
-        settle_collector()
 
     def prepare(self, features: ServingFeatures) -> None:
         self.transform = FeatureTransform(features.spec, features.state)
