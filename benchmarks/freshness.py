@@ -209,6 +209,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-day", type=int, default=50_000)
     parser.add_argument("--batch-size", type=int, default=4096, help="the trainer's batch")
     parser.add_argument(
+        "--full-batches",
+        action="store_true",
+        help="the trainer waits for full batches across commits (before whole commits)",
+    )
+    parser.add_argument(
         "--master", help="run the Spark job on this master (spark://..., yarn, k8s://...)"
     )
     parser.add_argument(
@@ -230,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         per_batch=args.per_batch,
         labels=args.labels,
         batch_size=args.batch_size,
+        full_batches=args.full_batches,
     )
     started = time.monotonic()
 
@@ -324,6 +330,9 @@ def _command(args: dict[str, Any]) -> str:
     line = ["flow", "bench", "freshness"]
     for name, value in args.items():
         if name in ("master", "conf"):
+            continue
+        if isinstance(value, bool):  # a switch
+            line += [f"--{name.replace('_', '-')}"] if value else []
             continue
         line += [
             f"--{name.replace('_', '-')}",

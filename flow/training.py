@@ -333,6 +333,10 @@ class TrainConfig:
     max_steps: int | None = None
     follow: bool = False
     """Continuous mode: follow the channels' new commits until they are closed."""
+    full_batches: bool = False
+    """Following: every batch ``batch_size`` rows, a commit's rows short of one waiting for the
+    next commit. By default each commit is trained on whole as it lands (its last batch
+    smaller), which takes a trigger interval off the freshness of those rows."""
     device: str = "auto"
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
     bf16: bool | None = None
