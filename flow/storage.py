@@ -345,10 +345,14 @@ def namespace_locations(stack: StackConfig, namespace: str) -> NamespaceLocation
     """
     if not namespace or "/" in namespace or namespace in (".", ".."):
         raise ConfigError(f"namespace {namespace!r}: give a plain name (letters, digits, _ or -)")
+
+    def root(uri: str, setting: str) -> Location:
+        return setting_location(uri, setting, stack.s3).child(namespace)
+
     return NamespaceLocations(
-        handoff=location(stack.handoff, stack.s3).child(namespace),
-        checkpoints=location(stack.checkpoints, stack.s3).child(namespace),
-        feature_state=location(stack.feature_state, stack.s3).child(namespace),
+        handoff=root(stack.handoff, "FLOW_HANDOFF"),
+        checkpoints=root(stack.checkpoints, stack.checkpoints_from),
+        feature_state=root(stack.feature_state, "FLOW_FEATURE_STATE"),
     )
 
 

@@ -7,8 +7,9 @@ spark-submit to start: 16 s on a quiet machine, up to 106 s on a loaded one (iss
 ``flow run`` runs the file itself first, in its own process's interpreter, with
 ``run_main`` switched to checking (``checking_only``): the pipeline is built, its run
 arguments parsed and every location the run writes probed (a streaming checkpoint Spark cannot
-use was refused 72 s in, after the executors started), then nothing runs. Only files that call ``run_main`` are checked this way;
-anything else is left to spark-submit, since its module-level code might start Spark.
+use was refused 72 s in, after the executors started), then nothing runs. Only files that call
+``run_main`` are checked this way; anything else is left to spark-submit, since its
+module-level code might start Spark.
 """
 
 from __future__ import annotations
