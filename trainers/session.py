@@ -203,6 +203,7 @@ class Session:
             else "host"
         )
         self.holdout, self.kept = holdout(config)
+        """The buckets held out for evaluation and those trained on (None, None: no share)."""
         self.reader = self._train_reader()
         self.champion: CTRModel | None = None
         if config.init_from_champion or config.promote_margin is not None:
@@ -228,6 +229,7 @@ class Session:
         """The reader's cursor after the last batch trained on (lineage reads it)."""
 
     def _train_reader(self) -> Any:
+        """A reader of the training channels from their start, for this rank."""
         return reader_for(
             self.config, self.world, self.config.channels, train=True, buckets=self.kept
         )
