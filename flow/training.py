@@ -48,6 +48,7 @@ __all__ = [
     "OptimConfig",
     "TrainConfig",
     "load_config",
+    "location_settings",
     "parse_args",
     "save_config",
 ]
@@ -558,6 +559,21 @@ class TrainConfig:
         own = f"{run.model.name}-{fingerprint(run.identity())}"
         folder = where.checkpoints.child("trainer", "-".join(self.channels), own)
         return replace(run, checkpoint_dir=folder.uri)
+
+
+def location_settings(config: TrainConfig, stack: StackConfig) -> tuple[str, str]:
+    """The settings that chose ``config``'s handoff and checkpoint folder, as a probe's error
+    names them: ``FLOW_HANDOFF`` and the checkpoints root's setting for the namespace's own
+    folders (:meth:`TrainConfig.resolved`), else the options that named others. An error must
+    not blame ``--checkpoint-dir`` when the user never gave one."""
+    handoff = "--handoff (under flow run --train: the pipeline's HandoffOutput.location)"
+    if config.handoff in (None, replace(config, handoff=None).resolved(stack).handoff):
+        handoff = "FLOW_HANDOFF"
+    checkpoints = "--checkpoint-dir"
+    default = replace(config, checkpoint_dir=None).resolved(stack).checkpoint_dir
+    if config.checkpoint_dir in (None, default):
+        checkpoints = stack.checkpoints_from
+    return handoff, checkpoints
 
 
 _NOT_IDENTITY = frozenset(

@@ -27,11 +27,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.handoff import Channel
-from flow.storage import Location, location
+from flow.storage import Location, setting_location
 from flow.tracking import Run
-from flow.training import TrainConfig, fingerprint
+from flow.training import TrainConfig, fingerprint, location_settings
 from trainers.checkpoint import Checkpointer, differences
 from trainers.data import NO_TIME
 from trainers.early_stop import EarlyStop
@@ -131,17 +132,27 @@ class Session:
         self.world = start_distributed(self.device)
         self.leader = self.world.rank == 0
         self.say = say if self.leader else (lambda _: None)
+        # Each probe names the setting that chose its location (a default checkpoint folder
+        # is not --checkpoint-dir's), and the handoff goes first: the default checkpoints sit
+        # beside it, often in its bucket, and a missing bucket is the handoff setting's fault.
+        handoff, checkpoints = location_settings(config, StackConfig.from_env())
+        self.default_folder = checkpoints != "--checkpoint-dir"
+        """Whether the checkpoint folder is the one the settings name, not one the user gave."""
+        # Before waiting for channels: an unreachable store is an error, not a channel to wait for.
+        setting_location(config.location, handoff).check_readable(handoff)
         self.checkpoints = (
-            Checkpointer(config.checkpoint_dir, self.world.rank, self.world.world_size)
+            Checkpointer(
+                setting_location(config.checkpoint_dir, checkpoints),
+                self.world.rank,
+                self.world.world_size,
+            )
             if config.checkpoint_dir
             else None
         )
         if self.checkpoints is not None:
-            self.checkpoints.check_writable()  # before waiting for channels or building anything
+            self.checkpoints.check_writable(checkpoints)  # before building anything
             if config.fresh:
                 self.checkpoints.clear()
-        # Before waiting for channels: an unreachable store is an error, not a channel to wait for.
-        location(config.location).check_readable("--handoff (FLOW_HANDOFF)")
         torch.manual_seed(config.seed)
         wait_for(config, self.say)
         self.layout = layout_of(config)
@@ -191,8 +202,9 @@ class Session:
             if config.shuffle_on == "device"
             else "host"
         )
-        self.holdout, kept = holdout(config)
-        self.reader = reader_for(config, self.world, config.channels, train=True, buckets=kept)
+        self.holdout, self.kept = holdout(config)
+        """The buckets held out for evaluation and those trained on (None, None: no share)."""
+        self.reader = self._train_reader()
         self.champion: CTRModel | None = None
         if config.init_from_champion or config.promote_margin is not None:
             self.champion = self._champion(warm_start=config.init_from_champion)
@@ -215,6 +227,12 @@ class Session:
         """The run read all it was to read (a stop at ``max_steps`` is not finished)."""
         self.last_cursor: dict[str, Any] | None = None
         """The reader's cursor after the last batch trained on (lineage reads it)."""
+
+    def _train_reader(self) -> Any:
+        """A reader of the training channels from their start, for this rank."""
+        return reader_for(
+            self.config, self.world, self.config.channels, train=True, buckets=self.kept
+        )
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.bf16:
@@ -266,10 +284,12 @@ class Session:
                 + ". Give another --checkpoint-dir, or --fresh to discard it and train from "
                 "scratch"
             )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
         self.reader.load_state_dict(cursor)
         self.step = int(state["step"])
+        if self._replaces_finished_run(state, folder):
+            return None
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
         if self.early is not None and state.get("early_stop"):
             self.early.load_state_dict(state["early_stop"])
         self._check_left(state, folder)
@@ -298,11 +318,39 @@ class Session:
             "that change the run, defaults included, train in a folder of their own"
         )
 
+    def _left(self) -> bool:
+        """Whether these settings leave something to train after the step resumed from."""
+        steps = self.config.max_steps
+        return self._epochs_left() and (steps is None or self.step < steps)
+
+    def _replaces_finished_run(self, state: dict[str, Any], folder: Location) -> bool:
+        """In the folder the settings name, a finished run of another number of ranks is
+        another run (the global batch differs): this one trains from scratch and replaces its
+        checkpoints, saying so, where it used to be refused. Elastic resume is unchanged: an
+        unfinished run is resumed on any number of ranks (a torchrun restarted after losing a
+        node has to find it), and a folder the user named is never replaced."""
+        assert self.checkpoints is not None
+        ranks = self.checkpoints.loaded_from_ranks
+        if not self.default_folder or ranks in (None, self.world.world_size) or self._left():
+            return False
+        tracked = state.get("run_id") not in (None, "untracked")
+        kept = f"its model: MLflow run {state['run_id']}" if tracked else "it was not tracked"
+        self.say(
+            f"checkpoints: the run in {folder} finished at step {self.step} on {ranks} rank(s) "
+            f"({kept}); {self.world.world_size} rank(s) train another run from scratch, whose "
+            "checkpoints replace it"
+        )
+        if dist.is_initialized():
+            dist.barrier()  # every rank has read the old checkpoint before it goes
+        self.checkpoints.clear()
+        self.reader = self._train_reader()
+        self.step = 0
+        return True
+
     def _check_left(self, state: dict[str, Any], folder: Location) -> None:
         """Refuse to resume a run with nothing left to read (its epochs, or the channels it
         followed until they closed): it would train on nothing and report the finished run's
         model as a new result."""
-        steps = self.config.max_steps
         early = self.early
         if early is not None and early.stopped and early.best is not None:
             raise ConfigError(
@@ -311,8 +359,7 @@ class Session:
                 f"({early.best.value:.4f}) for {early.stale} evaluations. Give a larger "
                 "--early-stop to go on from it, or --fresh to train again from scratch"
             )
-        left = self._epochs_left() and (steps is None or self.step < steps)
-        if not left:
+        if not self._left():
             tracked = state.get("run_id") not in (None, "untracked")
             run = f" (its results: MLflow run {state['run_id']})" if tracked else ""
             # From one pass to several, the default embedding L2 changes the run (identity):

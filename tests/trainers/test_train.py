@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -459,3 +460,48 @@ def test_a_run_of_other_effective_settings_trains_in_its_own_folder_and_says_so(
     result = train(several, say=said.append)
     assert result.resumed_from is None
     assert any("none yet" in s and "1 run(s) of other settings beside it" in s for s in said), said
+
+
+def _readme_torchrun() -> list[str]:
+    """The README's torchrun line, as printed (its words after ``torchrun``)."""
+    line = next(
+        raw.strip()
+        for raw in (REPO / "README.md").read_text().splitlines()
+        if raw.strip().startswith(".venv/bin/torchrun ")
+    )
+    return line.split()[1:]
+
+
+@pytest.mark.slow
+def test_the_readme_torchrun_line_trains_after_a_finished_one_rank_run(tmp_path: Path) -> None:
+    """A finished 1-rank run in the default checkpoint folder refused the README's 2-rank line
+    ("has finished ... or --fresh", then torchrun's traceback): it is another run (another
+    global batch), which now trains from scratch in its place and says so. The same number of
+    ranks again is still refused: that run has nothing left to train."""
+    home = tmp_path / "home"
+    write(home / "handoff" / "ctr", "backfill", [1500, 1100], buckets=4)
+    Channel(str(home / "handoff" / "ctr"), "backfill").close()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOW_HOME": str(home)}
+    # No MLflow server here: the runs are untracked, on the CPU; nothing else is added.
+    local = ["--no-tracking", "--device", "cpu"]
+    words = _readme_torchrun()
+    assert words[words.index("-m") + 1 :][:2] == ["trainers", "train"]
+    one = [sys.executable, "-m", "trainers", *words[words.index("-m") + 2 :], *local]
+    two = [sys.executable, "-m", "torch.distributed.run", *words, *local]
+
+    def run(command: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+
+    first = run(one)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = run(two)
+    said = second.stdout + second.stderr
+    assert second.returncode == 0, said[-3000:]
+    assert "Traceback" not in said
+    assert re.search(r"finished at step \d+ on 1 rank\(s\)", said), said[-3000:]
+    assert "2 rank(s) train another run from scratch" in said
+    again = run(two)
+    assert again.returncode == 1
+    assert "has finished at step" in again.stdout + again.stderr
