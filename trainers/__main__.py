@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -103,13 +104,29 @@ def main(argv: list[str]) -> int:
     command, args = argv[0], [a for a in argv[1:] if a != DEBUG_FLAG]
     try:
         if command == "train":
-            return _train(args)
+            return _stoppable(args, debug=debug_requested(argv))
         from trainers.doctor import main as doctor
 
         return doctor(args)
     except FlowError as exc:
         report_error(exc, debug=debug_requested(argv))
         return 1
+
+
+def _stoppable(args: list[str], *, debug: bool) -> int:
+    """``train``, which SIGTERM or SIGINT stops in one line (rank 0's) and 128 + the signal."""
+    from flow.handoff import World
+    from trainers.lifecycle import Stopped, stopping_on_signals
+
+    try:
+        with stopping_on_signals():
+            return _train(args)
+    except Stopped as stop:
+        if debug:
+            traceback.print_exception(stop)
+        if World.from_env().rank == 0:
+            print(stop.line, file=sys.stderr, flush=True)
+        return stop.code
 
 
 if __name__ == "__main__":
