@@ -109,8 +109,29 @@ def main(argv: list[str]) -> int:
 
         return doctor(args)
     except FlowError as exc:
-        report_error(exc, debug=debug_requested(argv))
+        if _said_here(exc):
+            report_error(exc, debug=debug_requested(argv))
+        _leave_process_group()
         return 1
+
+
+def _leave_process_group() -> None:
+    """Leave the ranks' process group before exiting on a mistake: left to the interpreter's
+    end, gloo's threads may abort the process (SIGABRT, "terminate called without an active
+    exception") in place of its exit code 1. Torch is only asked if a command loaded it."""
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _said_here(error: FlowError) -> bool:
+    """Whether this rank says ``error``: one that every rank raises alike, rank 0 alone."""
+    from flow.handoff import World
+    from trainers.lifecycle import FolderInUseError
+
+    return not isinstance(error, FolderInUseError) or World.from_env().rank == 0
 
 
 def _stoppable(args: list[str], *, debug: bool) -> int:

@@ -42,6 +42,7 @@ from flow.storage import Location
 
 __all__ = [
     "LEASE_FILE",
+    "FolderInUseError",
     "Launcher",
     "LauncherGone",
     "Lease",
@@ -103,6 +104,10 @@ def _die_with_parent(signum: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
+class FolderInUseError(ConfigError):
+    """The checkpoint folder is another trainer's: every rank of a run raises it, rank 0 says it."""
+
+
 class Lease:
     """Rank 0's exclusive hold on a local checkpoint folder; :meth:`release` (or the process's
     end) lets it go."""
@@ -126,7 +131,7 @@ class Lease:
             held.seek(0)
             holder = _holder(held.read())
             held.close()
-            raise ConfigError(
+            raise FolderInUseError(
                 f"checkpoint folder {folder} is in use by {holder}; stop it or give "
                 "another --checkpoint-dir"
             ) from None
@@ -181,6 +186,7 @@ def stopping_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _received.clear()
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         if not _received:

@@ -47,7 +47,7 @@ from trainers.inputs import (
     start_distributed,
     wait_for,
 )
-from trainers.lifecycle import Launcher, Lease
+from trainers.lifecycle import FolderInUseError, Launcher, Lease
 from trainers.loader import Batch, DeviceLoader, ShuffleOn, StallMeter
 from trainers.metrics import Scores
 from trainers.models import CTRModel, build_model
@@ -161,14 +161,14 @@ class Session:
         if self.leader:
             try:
                 lease = Lease.take(checkpoints.folder)
-            except ConfigError as exc:
+            except FolderInUseError as exc:
                 refused = str(exc)
         if self.world.world_size > 1:
             said = [refused]
             dist.broadcast_object_list(said, src=0)
             refused = said[0]
         if refused is not None:
-            raise ConfigError(refused)
+            raise FolderInUseError(refused)
         return lease
 
     def _build(self, config: TrainConfig) -> None:

@@ -223,3 +223,32 @@ def test_flow_run_stopping_its_trainer_prints_one_line_and_no_torchrun_traceback
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])
     assert {r.info.run_name: r.info.status for r in runs} == {"job": "FAILED", "train": "KILLED"}
+
+
+@pytest.mark.slow
+def test_a_launched_trainer_on_a_held_folder_is_refused_without_torchruns_traceback(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, "train", [500])
+    checkpoints = tmp_path / "checkpoints"
+    held = Lease.take(location(str(checkpoints)))
+    assert held is not None
+    try:
+        command = _trainer(tmp_path, checkpoints, "-m", "trainers.launch", *TWO_RANKS)
+        done = subprocess.run(
+            [*command, "--no-tracking"],
+            cwd=REPO,
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        held.release()
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr
+    refused = f"error: checkpoint folder {checkpoints} is in use by trainer pid {os.getpid()}"
+    said = [line for line in done.stderr.splitlines() if "Warning" not in line and line[:2] != "  "]
+    assert len(said) == 2, done.stderr[-3000:]  # the refusal, rank 0's; and the launcher's end
+    assert said[0].startswith(refused)
+    assert re.fullmatch(r"trainer failed: rank \d exited with code 1; its error is above", said[1])
