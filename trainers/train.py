@@ -69,19 +69,19 @@ def train(
         session = Session(config, say, tracking_uri)
         return _train(session, config, tracking_uri)
     except KeyboardInterrupt as stop:
-        raise stopped(stop, session) from stop
+        raise _stopped(stop, session) from stop
     except Exception as exc:
         why = received()
         if why is None:
             raise
         # A peer rank stopped by the signal first: this rank's collectives failed with it.
-        raise stopped(KeyboardInterrupt(why.name), session) from exc
+        raise _stopped(KeyboardInterrupt(why.name), session) from exc
     finally:
         if session is not None:
             session.close()
 
 
-def stopped(stop: KeyboardInterrupt, session: Session | None) -> Stopped:
+def _stopped(stop: KeyboardInterrupt, session: Session | None) -> Stopped:
     """How a stopped trainer ends: its line (what stopped it, at which step, which checkpoint
     stays) and exit code 128 + the signal."""
     if isinstance(stop, Stopped):

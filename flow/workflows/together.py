@@ -1,9 +1,10 @@
 """A Spark job and its trainer side by side: ``flow run --train "..." pipelines/APP.py``.
 
 The Spark job writes channels while the trainer (``torchrun -m trainers train``, one process
-per rank, started through ``trainers.launch`` so that stopping it prints one line) follows them. Both nest their MLflow runs under one parent run made here
-(FLOW_PARENT_RUN_ID). When the Spark job ends, the channels the trainer follows are closed, so
-it reads what is left and ends cleanly; the command's exit code is the worse of the two.
+per rank, started through ``trainers.launch`` so that stopping it prints one line) follows
+them. Both nest their MLflow runs under one parent run made here (FLOW_PARENT_RUN_ID). When the
+Spark job ends, the channels the trainer follows are closed, so it reads what is left and ends
+cleanly; the command's exit code is the worse of the two.
 """
 
 from __future__ import annotations
