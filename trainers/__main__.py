@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -103,13 +104,50 @@ def main(argv: list[str]) -> int:
     command, args = argv[0], [a for a in argv[1:] if a != DEBUG_FLAG]
     try:
         if command == "train":
-            return _train(args)
+            return _stoppable(args, debug=debug_requested(argv))
         from trainers.doctor import main as doctor
 
         return doctor(args)
     except FlowError as exc:
-        report_error(exc, debug=debug_requested(argv))
+        if _said_here(exc):
+            report_error(exc, debug=debug_requested(argv))
+        _leave_process_group()
         return 1
+
+
+def _leave_process_group() -> None:
+    """Leave the ranks' process group before exiting on a mistake: left to the interpreter's
+    end, gloo's threads may abort the process (SIGABRT, "terminate called without an active
+    exception") in place of its exit code 1. Torch is only asked if a command loaded it."""
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _said_here(error: FlowError) -> bool:
+    """Whether this rank says ``error``: one that every rank raises alike, rank 0 alone."""
+    from flow.handoff import World
+    from trainers.lifecycle import FolderInUseError
+
+    return not isinstance(error, FolderInUseError) or World.from_env().rank == 0
+
+
+def _stoppable(args: list[str], *, debug: bool) -> int:
+    """``train``, which SIGTERM or SIGINT stops in one line (rank 0's) and 128 + the signal."""
+    from flow.handoff import World
+    from trainers.lifecycle import Stopped, stopping_on_signals
+
+    try:
+        with stopping_on_signals():
+            return _train(args)
+    except Stopped as stop:
+        if debug:
+            traceback.print_exception(stop)
+        if World.from_env().rank == 0:
+            print(stop.line, file=sys.stderr, flush=True)
+        return stop.code
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from trainers.inputs import (
     start_distributed,
     wait_for,
 )
+from trainers.lifecycle import FolderInUseError, Launcher, Lease
 from trainers.loader import Batch, DeviceLoader, ShuffleOn, StallMeter
 from trainers.metrics import Scores
 from trainers.models import CTRModel, build_model
@@ -128,6 +129,8 @@ class Session:
     ) -> None:
         self.config = config
         self.tracking_uri = tracking_uri
+        # First: a rank whose launcher dies while it waits for its peers must not stay behind.
+        self.launcher = Launcher.of_this_rank()
         self.device = device_for(config.device)
         self.world = start_distributed(self.device)
         self.leader = self.world.rank == 0
@@ -149,10 +152,42 @@ class Session:
             if config.checkpoint_dir
             else None
         )
+        self.lease: Lease | None = None
         if self.checkpoints is not None:
             self.checkpoints.check_writable(checkpoints)  # before building anything
-            if config.fresh:
-                self.checkpoints.clear()
+            self.lease = self._take_lease(self.checkpoints)
+        try:
+            self._build(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Let the checkpoint folder go (another trainer may use it from now on)."""
+        if self.lease is not None:
+            self.lease.release()
+
+    def _take_lease(self, checkpoints: Checkpointer) -> Lease | None:
+        """Rank 0 leases the checkpoint folder; every rank raises its refusal (the ranks of one
+        run never refuse each other)."""
+        lease, refused = None, None
+        if self.leader:
+            try:
+                lease = Lease.take(checkpoints.folder)
+            except FolderInUseError as exc:
+                refused = str(exc)
+        if self.world.world_size > 1:
+            said = [refused]
+            dist.broadcast_object_list(said, src=0)
+            refused = said[0]
+        if refused is not None:
+            raise FolderInUseError(refused)
+        return lease
+
+    def _build(self, config: TrainConfig) -> None:
+        """Everything after the checkpoint folder is held: model, optimizer, readers."""
+        if self.checkpoints is not None and config.fresh:
+            self.checkpoints.clear()
         torch.manual_seed(config.seed)
         wait_for(config, self.say)
         self.layout = layout_of(config)
@@ -612,6 +647,7 @@ class Session:
                 evaluated = self.evaluate()
                 run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=step)
         if self.checkpoints and step % config.checkpoint_every == 0:
+            self.launcher.check()  # an orphaned rank writes nothing
             self.checkpoints.save(step, self.state(), cursor)
         if config.export_every and step % config.export_every == 0 and self.leader:
             result.model_uri = export_model(self, run, final=False).uri
@@ -698,6 +734,7 @@ class Session:
             # Finished, the reader stands at the start of the epoch after the last: a run that
             # resumes it has that much more to read, not the end of the last epoch again.
             cursor = self.reader.state_dict() if self.finished else loop.cursor
+            self.launcher.check()
             self.checkpoints.save(self.step, self.state(), cursor)
         scored = scores.progressive.compute() if scores.progressive.count else loop.scored
         result.metrics = result.metrics or {f"progressive_{k}": v for k, v in scored.items()}

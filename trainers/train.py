@@ -18,6 +18,7 @@ arrives, with its steps, when the server is back. The rank's own work is
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from flow.handoff import Channel
 from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Tracker
 from flow.training import TrainConfig
+from trainers.lifecycle import LauncherGone, Stopped, received
 from trainers.lineage import log_lineage
 from trainers.promote import Decision, decide, promote, tag_version, version_tags
 from trainers.result import (
@@ -57,8 +59,54 @@ def train(
     tracking_uri: str | None = None,
     say: Callable[[str], None] = print,
 ) -> TrainResult:
-    """Train on ``config``'s channels; every rank calls this. Rank 0 tracks and exports."""
-    session = Session(config, say, tracking_uri)
+    """Train on ``config``'s channels; every rank calls this. Rank 0 tracks and exports.
+
+    Stopped (SIGTERM or SIGINT under :func:`trainers.lifecycle.stopping_on_signals`, or its
+    launcher's death), it raises :class:`trainers.lifecycle.Stopped` with the line to say, its
+    MLflow runs ended as KILLED."""
+    session = None
+    try:
+        session = Session(config, say, tracking_uri)
+        return _train(session, config, tracking_uri)
+    except KeyboardInterrupt as stop:
+        raise _stopped(stop, session) from stop
+    except Exception as exc:
+        why = received()
+        if why is None:
+            raise
+        # A peer rank stopped by the signal first: this rank's collectives failed with it.
+        raise _stopped(KeyboardInterrupt(why.name), session) from exc
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _stopped(stop: KeyboardInterrupt, session: Session | None) -> Stopped:
+    """How a stopped trainer ends: its line (what stopped it, at which step, which checkpoint
+    stays) and exit code 128 + the signal."""
+    if isinstance(stop, Stopped):
+        return stop
+    signum = received() or (signal.SIGINT if type(stop) is KeyboardInterrupt else signal.SIGTERM)
+    where = f" at step {session.step}" if session is not None else " before its first step"
+    if isinstance(stop, LauncherGone):
+        said = f"trainer stopped{where}: {stop}"
+    elif session is not None and session.launcher.gone():  # its death signal, SIGTERM
+        said = f"trainer stopped{where}: its launcher (pid {session.launcher.pid}) is gone"
+    else:
+        said = f"trainer stopped by {signum.name}{where}"
+    checkpoints = session.checkpoints if session is not None else None
+    if checkpoints is not None:
+        latest = checkpoints.latest()
+        kept = (
+            f"the checkpoint of step {latest} is kept"
+            if latest is not None
+            else "no checkpoint was saved"
+        )
+        said += f"; {kept}"
+    return Stopped(said, 128 + signum)
+
+
+def _train(session: Session, config: TrainConfig, tracking_uri: str | None) -> TrainResult:
     result = TrainResult(leader=session.leader, world_size=session.world.world_size)
     tracker = _tracker(config, tracking_uri if session.leader else None)
     parent = (
