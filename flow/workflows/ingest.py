@@ -598,7 +598,7 @@ def load_file(stack: StackConfig, path: Path, options: LoadOptions) -> Load:
             opened=opened,
             table=options.table,
             mode=options.mode,
-            notes=lambda: convert.notes,
+            notes=lambda: {**opened.notes, **convert.notes},
             truncated=lambda: dict(convert.truncated),
             file_rows=options.file_rows,
             add_columns=options.add_columns,
