@@ -249,7 +249,7 @@ def _split_at(value: str | None) -> datetime | float | None:
     metavar="SHARE|TIME",
     help="Where training ends, recorded on the table for pipelines/criteo.py: a share of the "
     "rows (0.8: the first 80%% by event time train) or a time (rows before it train). "
-    "Default with --start: 0.8.",
+    "Default with --start: 0.8 (--append: the table's split is kept).",
 )
 @click.option("--row-index", is_flag=True, help="Add 'row_id', the row's position from 0.")
 @_append

@@ -78,14 +78,15 @@ class CriteoOptions:
     split_at: datetime | float | None = None
     """Where the training rows end, recorded on the table: a time (rows before it train, the
     rest test) or a share of the rows (0.8: the first 80% by event time train). Default with
-    ``start``: 0.8."""
+    ``start``: 0.8, except for an append, which keeps the table's."""
     mode: Mode = "create"
     file_rows: int = 1_000_000
 
     @property
     def split(self) -> datetime | float | None:
-        """``split_at``, or the default share when the rows get a time."""
-        if self.split_at is None and self.start is not None:
+        """``split_at``, or the default share when the rows get a time; an append keeps the
+        table's split unless it is given one."""
+        if self.split_at is None and self.start is not None and self.mode != "append":
             return DEFAULT_SHARE
         return self.split_at
 

@@ -142,3 +142,23 @@ def test_a_split_needs_event_times_and_a_share_between_0_and_1() -> None:
         CriteoOptions("criteo.days", split_at=0.8)
     with pytest.raises(ConfigError, match=r"between 0 and 1"):
         CriteoOptions("criteo.days", start=START, rows_per_second=1, split_at=1.5)
+
+
+def test_an_append_keeps_the_table_s_split_unless_given_one(
+    stack: StackConfig, tmp_path: Path
+) -> None:
+    write_criteo_sample(tmp_path / "a.txt", 1_000, seed=6)
+    first = CriteoOptions("criteo.days", start=START, rows_per_second=1)
+    imported(stack, tmp_path / "a.txt", first)
+    split = recorded_split(stack, "criteo.days")
+    assert split == START + timedelta(seconds=800)
+    later = START + timedelta(seconds=1_000)
+    more = CriteoOptions("criteo.days", start=later, rows_per_second=1, mode="append")
+    imported(stack, tmp_path / "a.txt", more)
+    assert recorded_split(stack, "criteo.days") == split
+    given = later + timedelta(seconds=500)
+    again = CriteoOptions(
+        "criteo.days", start=later, rows_per_second=1, mode="append", split_at=given
+    )
+    imported(stack, tmp_path / "a.txt", again)
+    assert recorded_split(stack, "criteo.days") == given
