@@ -393,6 +393,33 @@ def test_a_backfill_with_more_dead_letters_than_its_bound_fails_and_writes_nothi
     assert not [f for f in states.rglob("*") if f.is_file()], "nothing was fitted"
 
 
+def test_a_label_of_1_to_5_stops_a_backfill_on_a_sample_before_it_reads_every_row(
+    spark: SparkSession, world: Lake
+) -> None:
+    schema = pa.schema([("user_id", pa.int64()), ("ts", TS), ("label", pa.int64())])
+    world.table(
+        "ratings",
+        [{"user_id": n % 7, "ts": m(n / 60), "label": n % 5 + 1} for n in range(3_000)],
+        schema,
+    )
+    fields = (Field("user_id", "long"), Field("ts", "timestamp"), Field("label", "long"))
+    spec = FeatureSpec("stars", (Hashed("user_id", buckets=16),))
+    pipeline = Pipeline(
+        "stars",
+        world.ns,
+        {"ratings": IcebergSource(f"{world.ns}.ratings", fields, event_time="ts")},
+        (BackfillStage("backfill", events="ratings", features=spec, channel="stars"),),
+    )
+    with pytest.raises(DeadLetterBudgetError) as raised:
+        run_backfill(spark, pipeline, pipeline.stage("backfill", BackfillStage), world.stack)
+    said = str(raised.value)
+    # The sample's count (the first 1,000 rows), not the full count over 3,000.
+    assert said.startswith("backfill: 800 of the first 1,000 labels of ratings (80%) are not 0")
+    assert "Derived('label', 'rating >= 4', type='int')" in said
+    assert "\n" not in said
+    assert not Channel(f"{world.stack.handoff}/{world.ns}", "stars").exists()
+
+
 def test_an_unwritable_handoff_stops_a_backfill_before_it_reads_or_fits(
     spark: SparkSession, world: Lake, tmp_path: Path
 ) -> None:
