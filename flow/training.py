@@ -424,7 +424,8 @@ class TrainConfig:
     wait_for_channels: float = 0.0
     """Seconds to wait for the channels to appear (a trainer started beside its Spark job)."""
     audit_dir: Path | None = None
-    """Debugging: each rank writes a fingerprint of every row it trained on (rank-<r>.npy)."""
+    """Each rank writes the id of every row it trained on here, a part at each checkpoint and at
+    the end (flow.handoff.audit); ``flow handoff verify --audit`` proves them exactly once."""
     result_file: Path | None = None
     """Rank 0 writes the run's summary here as JSON."""
 

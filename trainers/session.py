@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.handoff import Channel
+from flow.handoff.audit import AuditWriter, key_row_ids
 from flow.storage import Location, setting_location
 from flow.tracking import Run
 from flow.training import TrainConfig, fingerprint, location_settings
@@ -79,6 +80,17 @@ def fingerprints(tensors: dict[str, torch.Tensor]) -> np.ndarray:
     with np.errstate(over="ignore"):
         mixed: np.ndarray = (values * mixers).sum(axis=1, dtype=np.uint64)
     return mixed
+
+
+def _audit(audit: AuditWriter, batch: Batch) -> None:
+    """The batch's rows by id: their key and label where the channel has a key column, else
+    (no identity to prove) a fingerprint of their values."""
+    if batch.keys is None:
+        audit.id_kind = "fingerprint"
+        audit.add(fingerprints(batch.tensors), batch.channel or "?")
+        return
+    labels = batch.tensors["label"].detach().double().cpu().numpy()
+    audit.add(key_row_ids(batch.keys, labels), batch.channel or "?")
 
 
 def _median_time(times_us: np.ndarray | None) -> float | None:
@@ -255,6 +267,8 @@ class Session:
         )
         self.labels: dict[str, Labels] = {}
         """Per channel seen: how its rows were labelled and the loss used on them."""
+        self.row_keys: dict[str, str | None] = {}
+        """Auditing: each channel's row key column (its metadata's label key), read once."""
         self.step = 0
         self.run_id: str | None = None
         """The MLflow run tracking this training run (recorded in its checkpoints)."""
@@ -504,7 +518,11 @@ class Session:
             scores=ProgressiveScores(
                 oracle=config.oracle is not None,
                 window_s=config.metrics_window_s if config.event_time else 0.0,
-            )
+            ),
+            audit=None
+            if config.audit_dir is None
+            # A run resumed from a checkpoint supersedes the audit of the steps after it.
+            else AuditWriter(config.audit_dir, self.world.rank, resumed_from=self.step or None),
         )
         for channel in config.channels:  # those read later are announced at their first batch
             if Channel(config.location, channel).exists():
@@ -534,9 +552,23 @@ class Session:
             event_time=self.config.event_time,
             produced_time=self.config.produced_time,
             oracle=self.config.oracle,
-            key=lambda channel: self.labels_of(channel).key,
+            key=self._row_key,
             shuffle_on=self.shuffle_on,
         )
+
+    def _row_key(self, channel: str | None) -> str | None:
+        """The key column the training batches carry hashed: an immediate channel's label key
+        (its metrics tie rows to impressions by it); auditing, any channel's, which names its
+        rows in the audit (the metrics use keys of immediate channels only)."""
+        key = self.labels_of(channel).key
+        if key is not None or self.config.audit_dir is None:
+            return key
+        name = channel or self.config.channels[0]
+        if name not in self.row_keys:
+            meta = Channel(self.config.location, name).meta()
+            found = (meta.labels or {}).get("key")
+            self.row_keys[name] = found if found in meta.schema.names else None
+        return self.row_keys[name]
 
     def _step(self, batch: Batch, labels: Labels, scores: ProgressiveScores) -> torch.Tensor:
         """One optimizer step on ``batch``, scored first (progressive validation); its loss."""
@@ -613,10 +645,10 @@ class Session:
         return self.frozen
 
     def _account(self, batch: Batch, result: TrainResult, loop: _Loop) -> None:
-        """Rows, waits, freshness and (when auditing) fingerprints of a batch trained on."""
+        """Rows, waits, freshness and (when auditing) the ids of a batch's rows."""
         loop.cursor = batch.cursor
-        if self.config.audit_dir is not None:
-            loop.audit.append(fingerprints(batch.tensors))
+        if loop.audit is not None:
+            _audit(loop.audit, batch)
         result.rows += batch.rows
         loop.stall.add(batch)
         loop.window.rows += batch.rows
@@ -646,9 +678,14 @@ class Session:
             else:
                 evaluated = self.evaluate()
                 run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=step)
-        if self.checkpoints and step % config.checkpoint_every == 0:
+        if step % config.checkpoint_every == 0:
             self.launcher.check()  # an orphaned rank writes nothing
-            self.checkpoints.save(step, self.state(), cursor)
+            # The audit's part first: a crash between the two leaves a part past the step the
+            # next run resumes from, which the audit leaves out, never a gap.
+            if loop.audit is not None:
+                loop.audit.flush(step)
+            if self.checkpoints:
+                self.checkpoints.save(step, self.state(), cursor)
         if config.export_every and step % config.export_every == 0 and self.leader:
             result.model_uri = export_model(self, run, final=False).uri
         return config.max_steps is not None and step >= config.max_steps
@@ -707,7 +744,6 @@ class Session:
 
     def _finish(self, result: TrainResult, loop: _Loop, seconds: float) -> None:
         """The run's figures, the audit file and the last checkpoint."""
-        config = self.config
         result.wait_seconds = loop.stall.total()
         result.seconds = seconds
         result.steps = self.step
@@ -725,10 +761,8 @@ class Session:
         result.by_pass = {n: m.compute() for n, m in scores.by_pass.items() if m.count}
         result.by_window = scores.windows.compute()
         result.window_left_out = scores.windows.left_out()
-        if config.audit_dir is not None:
-            config.audit_dir.mkdir(parents=True, exist_ok=True)
-            rows = np.concatenate(loop.audit) if loop.audit else np.empty(0, dtype=np.uint64)
-            np.save(config.audit_dir / f"rank-{self.world.rank}-step-{self.step}.npy", rows)
+        if loop.audit is not None:
+            loop.audit.flush(self.step)
         self.finished = not loop.done  # loop.done: stopped at max_steps
         if self.checkpoints and loop.cursor is not None:
             # Finished, the reader stands at the start of the epoch after the last: a run that
@@ -760,7 +794,8 @@ class _Loop:
     stall: StallMeter = field(default_factory=StallMeter)
     cursor: dict[str, Any] | None = None
     """The reader's cursor after the last batch trained on."""
-    audit: list[np.ndarray] = field(default_factory=list)
+    audit: AuditWriter | None = None
+    """The row ids read since the last checkpoint (with ``audit_dir``; flow.handoff.audit)."""
     done: bool = False
     judged: int | None = None
     """The step of the last evaluation early stopping judged."""

@@ -33,6 +33,7 @@ from spark_jobs.joins import enrichment_names
 from spark_jobs.jvm import JavaError
 from spark_jobs.live.batch_facts import events_in_join
 from spark_jobs.live.inplan import InPlanWriter, unsupported
+from spark_jobs.live.lag import LatestOffsets
 from spark_jobs.live.parts import WriterParts
 from spark_jobs.live.plan import LiveQuery, spark_counts_state
 from spark_jobs.live.stream_writer import StreamWriter
@@ -131,7 +132,13 @@ class LiveRun(StageRun[LiveStage]):
             counts_state=spark_counts_state(self.stage.state_store),
         )
         supervisor = Supervisor(
-            self.stage.name, self.options, self.on_batch, self.progress, self.stop, self.sleep
+            self.stage.name,
+            self.options,
+            self.on_batch,
+            self.progress,
+            self.stop,
+            self.sleep,
+            latest=LatestOffsets(self.stack.kafka),
         )
         try:
             supervisor.run(partial(self.query.start, outputs.checkpoint, writer, watch), watch)

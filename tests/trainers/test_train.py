@@ -20,6 +20,7 @@ import torch
 
 from flow.errors import ConfigError
 from flow.handoff import Channel, World
+from flow.handoff.audit import prove_channel, read_audit
 from flow.training import ModelConfig, OptimConfig, TrainConfig, fingerprint
 from tests.support import REPO
 from tests.trainers.channels import write, write_delayed
@@ -53,8 +54,10 @@ def config(root: Path, **changes: object) -> TrainConfig:
     return TrainConfig(**given)  # type: ignore[arg-type]
 
 
-def audit(folder: Path) -> np.ndarray:
-    return np.concatenate([np.load(f) for f in sorted(folder.glob("rank-0-*.npy"))])
+def audit(folder: Path, rank: int = 0) -> np.ndarray:
+    """The row ids (or, a channel without a key, fingerprints) rank ``rank`` read, in order."""
+    ids: np.ndarray = read_audit(folder, rank).column("row_id").to_numpy()
+    return ids
 
 
 def test_training_learns_the_planted_signal_and_reports_it(tmp_path: Path) -> None:
@@ -188,7 +191,7 @@ def test_two_ranks_under_torchrun_see_disjoint_equal_shares(tmp_path: Path) -> N
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOW_HOME": str(tmp_path / "home")}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = [np.load(next(audit_dir.glob(f"rank-{r}-*.npy"))) for r in range(2)]
+    ranks = [audit(audit_dir, r) for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == total // 2
     assert not set(ranks[0].tolist()) & set(ranks[1].tolist())
     assert len(set(ranks[0].tolist()) | set(ranks[1].tolist())) == total
@@ -233,13 +236,14 @@ def test_channels_read_in_order_open_when_reached_even_if_created_later(
 @pytest.mark.slow
 @pytest.mark.faults
 def test_a_trainer_killed_mid_run_continues_from_its_checkpoint_exactly(tmp_path: Path) -> None:
-    write(tmp_path, "train", [40_000, 40_000], buckets=4)
+    # Rows with a key (the impression id), which the audit names them by.
+    write_delayed(tmp_path, "train", "window", 80_000, oracle=False)
     whole = tmp_path / "whole"
     train(config(tmp_path, audit_dir=whole, checkpoint_dir=tmp_path / "a", batch_size=64,
                  model=ModelConfig("wide_deep", embedding_dim=4, hidden=(8,))),
           say=lambda _: None)  # fmt: skip
     expected = audit(whole)
-    checkpoints, resumed = tmp_path / "b", tmp_path / "resumed"
+    checkpoints, audited = tmp_path / "b", tmp_path / "audited"
     command = [
         sys.executable, "-m", "trainers", "train", "--handoff", str(tmp_path),
         "--channel", "train", "--batch-size", "64", "--window-batches", "4", "--device", "cpu",
@@ -247,6 +251,7 @@ def test_a_trainer_killed_mid_run_continues_from_its_checkpoint_exactly(tmp_path
         "--lr", "0.01", "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "5",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOW_HOME": str(tmp_path / "home")}
+    command += ["--audit-dir", str(audited)]
     first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (checkpoints / "latest").exists() or int((checkpoints / "latest").read_text()) < 20:
@@ -256,10 +261,16 @@ def test_a_trainer_killed_mid_run_continues_from_its_checkpoint_exactly(tmp_path
     first.kill()  # SIGKILL: no chance to save anything more
     first.wait()
     step = int((checkpoints / "latest").read_text())
-    done = subprocess.run([*command, "--audit-dir", str(resumed)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    channel = Channel(str(tmp_path), "train")
+    killed = prove_channel(channel, audited)  # the dead run's reads, from its audit alone
+    assert killed.read >= step * 64, killed.lines()
+    assert not killed.duplicates, killed.lines()
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert np.array_equal(audit(resumed), expected[step * 64 :])
+    # The killed run's reads and the resumed run's: the uninterrupted run's rows, in its order.
+    assert np.array_equal(audit(audited), expected)
+    assert prove_channel(channel, audited).exactly_once
 
 
 class RecordingRun:
