@@ -56,9 +56,13 @@ def train(
     *,
     tracking_uri: str | None = None,
     say: Callable[[str], None] = print,
+    on_evaluation: Callable[[dict[str, float]], bool] | None = None,
 ) -> TrainResult:
-    """Train on ``config``'s channels; every rank calls this. Rank 0 tracks and exports."""
-    session = Session(config, say, tracking_uri)
+    """Train on ``config``'s channels; every rank calls this. Rank 0 tracks and exports.
+
+    ``on_evaluation`` sees each evaluation while training (``--early-stop``, ``--eval-every``);
+    True stops the run there, pruned: it is evaluated, not exported (``flow tune``)."""
+    session = Session(config, say, tracking_uri, on_evaluation=on_evaluation)
     result = TrainResult(leader=session.leader, world_size=session.world.world_size)
     tracker = _tracker(config, tracking_uri if session.leader else None)
     parent = (
@@ -94,14 +98,16 @@ def train(
                 layout=session.layout.to_dict(),
                 step=session.step,
             )
-        if session.leader and config.tracking and tracking_uri:
+        if session.leader and config.tracking and tracking_uri and not result.pruned:
             # The model's run shows every metric before the model appears; a server still down
             # after this wait fails the export below.
             run.flush(FINAL_FLUSH_S)
             exported = export_model(session, stage, final=True)
             result.model_uri, result.model_version = exported.uri, exported.version
+            result.model_tags = _version_tags(session, exported, lineage)
             if exported.version is not None:
-                _tag_version(session, exported, lineage)
+                assert config.register_as is not None
+                tag_version(config.register_as, exported.version, result.model_tags, tracking_uri)
         with (
             tracker.stage("evaluate") as stage_run,
             ResilientRun(stage_run, session.say) as evaluation,
@@ -141,12 +147,10 @@ def _promotion(
     return decision
 
 
-def _tag_version(session: Session, exported: Exported, lineage: dict[str, str]) -> None:
-    """The registered version's lineage: run, feature state, channels and commits; and, until
+def _version_tags(session: Session, exported: Exported, lineage: dict[str, str]) -> dict[str, str]:
+    """A registered version's lineage: run, feature state, channels and commits; and, until
     a promotion judges it, that none has (``flow.promotion``)."""
     config = session.config
-    assert config.register_as is not None
-    assert exported.version is not None
     made = [Channel(config.location, c) for c in config.channels]
     states = [c.meta().feature_state for c in made if c.exists()]
     tags = version_tags(
@@ -161,7 +165,7 @@ def _tag_version(session: Session, exported: Exported, lineage: dict[str, str]) 
         tags["flow.promotion.reason"] = (
             "trained without --promote-margin: the champion alias moves only for a judged model"
         )
-    tag_version(config.register_as, exported.version, tags, session.tracking_uri)
+    return tags
 
 
 def _params(config: TrainConfig, session: Session) -> dict[str, Any]:
