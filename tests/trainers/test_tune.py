@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from flow.errors import ConfigError
 from flow.training import TrainConfig
 from flow.tuning import TuneConfig, build_space
+from tests.support import run_flow, stack_env_for
 from tests.trainers.channels import write
 from tests.trainers.test_train import config
 from trainers.__main__ import main
@@ -134,3 +135,12 @@ def test_registering_the_best_needs_tracking(tmp_path: Path) -> None:
     channels(tmp_path)
     with pytest.raises(ConfigError, match=r"--register-as needs MLflow tracking"):
         tune(trial_base(tmp_path, register_as="ctr"), TuneConfig(trials=1), tracking_uri=None)
+
+
+def test_flow_tune_is_the_trainer_s_study_and_its_help_names_the_study_s_options(
+    tmp_path: Path,
+) -> None:
+    done = run_flow(["tune", "--help"], stack_env_for(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: flow tune")
+    assert all(o in done.stdout for o in ("--trials", "--timeout", "--space", "--param", "--json"))
