@@ -137,9 +137,17 @@ class Session:
     """One rank's run: model, optimizer, data, tracking; ``run()`` trains."""
 
     def __init__(
-        self, config: TrainConfig, say: Callable[[str], None], tracking_uri: str | None
+        self,
+        config: TrainConfig,
+        say: Callable[[str], None],
+        tracking_uri: str | None,
+        *,
+        on_evaluation: Callable[[dict[str, float]], bool] | None = None,
     ) -> None:
         self.config = config
+        self.on_evaluation = on_evaluation
+        """Called with each evaluation's figures while training (every rank alike, so they must
+        answer alike); True stops the run there: ``flow tune``'s pruner (``result.pruned``)."""
         self.tracking_uri = tracking_uri
         # First: a rank whose launcher dies while it waits for its peers must not stay behind.
         self.launcher = Launcher.of_this_rank()
@@ -537,9 +545,9 @@ class Session:
                     loop.done = True  # max_steps reached, or stopped early
                     break
             if not loop.done and self.early is not None and not config.eval_every:
-                loop.done = self._judge(run, loop)  # epochs chosen by the evaluation rows
+                loop.done = self._judge(run, loop, result)  # epochs chosen by the evaluation rows
         if self.early is not None and not self.early.stopped and loop.judged != self.step:
-            self._judge(run, loop)  # the last model is a candidate too
+            self._judge(run, loop, None)  # the last model is a candidate too
         self._finish(result, loop, time.perf_counter() - started)
         self._restore_best(result)
 
@@ -673,11 +681,13 @@ class Session:
             self._log(run, loss, loop)
         if config.eval_every and step % config.eval_every == 0:
             if self.early is not None:
-                if self._judge(run, loop):
+                if self._judge(run, loop, result):
                     return True
             else:
                 evaluated = self.evaluate()
                 run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=step)
+                if self._pruned(evaluated, result):
+                    return True
         if step % config.checkpoint_every == 0:
             self.launcher.check()  # an orphaned rank writes nothing
             # The audit's part first: a crash between the two leaves a part past the step the
@@ -690,13 +700,16 @@ class Session:
             result.model_uri = export_model(self, run, final=False).uri
         return config.max_steps is not None and step >= config.max_steps
 
-    def _judge(self, run: Run, loop: _Loop) -> bool:
-        """Evaluate now for early stopping, log it; True when the run is to stop."""
+    def _judge(self, run: Run, loop: _Loop, result: TrainResult | None) -> bool:
+        """Evaluate now for early stopping, log it; True when the run is to stop. ``result``:
+        the run may still stop here, and ``on_evaluation`` is asked (None: the run is over)."""
         assert self.early is not None
         evaluated = self.evaluate()
         run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=self.step)
         loop.judged = self.step
         stop = self.early.update(self.step, evaluated, self.model)
+        if result is not None and not stop and self._pruned(evaluated, result):
+            return True
         best = self.early.best
         if stop and best is not None:
             self.say(
@@ -704,6 +717,14 @@ class Session:
                 f"step {best.step}'s ({best.value:.4f}) for {self.early.stale} evaluations"
             )
         return stop
+
+    def _pruned(self, evaluated: dict[str, float], result: TrainResult) -> bool:
+        """Whether ``on_evaluation`` stops the run at this evaluation (and says so)."""
+        if self.on_evaluation is None or not self.on_evaluation(evaluated):
+            return False
+        result.pruned = True
+        self.say(f"stopped at step {self.step}: the evaluation's watcher pruned the run")
+        return True
 
     def _restore_best(self, result: TrainResult) -> None:
         """With early stopping, the best model evaluated is the run's model from here on."""

@@ -58,15 +58,19 @@ def train(
     *,
     tracking_uri: str | None = None,
     say: Callable[[str], None] = print,
+    on_evaluation: Callable[[dict[str, float]], bool] | None = None,
 ) -> TrainResult:
     """Train on ``config``'s channels; every rank calls this. Rank 0 tracks and exports.
+
+    ``on_evaluation`` sees each evaluation while training (``--early-stop``, ``--eval-every``);
+    True stops the run there, pruned: it is evaluated, not exported (``flow tune``).
 
     Stopped (SIGTERM or SIGINT under :func:`trainers.lifecycle.stopping_on_signals`, or its
     launcher's death), it raises :class:`trainers.lifecycle.Stopped` with the line to say, its
     MLflow runs ended as KILLED."""
     session = None
     try:
-        session = Session(config, say, tracking_uri)
+        session = Session(config, say, tracking_uri, on_evaluation=on_evaluation)
         return _train(session, config, tracking_uri)
     except KeyboardInterrupt as stop:
         raise _stopped(stop, session) from stop
@@ -142,14 +146,16 @@ def _train(session: Session, config: TrainConfig, tracking_uri: str | None) -> T
                 layout=session.layout.to_dict(),
                 step=session.step,
             )
-        if session.leader and config.tracking and tracking_uri:
+        if session.leader and config.tracking and tracking_uri and not result.pruned:
             # The model's run shows every metric before the model appears; a server still down
             # after this wait fails the export below.
             run.flush(FINAL_FLUSH_S)
             exported = export_model(session, stage, final=True)
             result.model_uri, result.model_version = exported.uri, exported.version
+            result.model_tags = _version_tags(session, exported, lineage)
             if exported.version is not None:
-                _tag_version(session, exported, lineage)
+                assert config.register_as is not None
+                tag_version(config.register_as, exported.version, result.model_tags, tracking_uri)
         with (
             tracker.stage("evaluate") as stage_run,
             ResilientRun(stage_run, session.say) as evaluation,
@@ -189,12 +195,10 @@ def _promotion(
     return decision
 
 
-def _tag_version(session: Session, exported: Exported, lineage: dict[str, str]) -> None:
-    """The registered version's lineage: run, feature state, channels and commits; and, until
+def _version_tags(session: Session, exported: Exported, lineage: dict[str, str]) -> dict[str, str]:
+    """A registered version's lineage: run, feature state, channels and commits; and, until
     a promotion judges it, that none has (``flow.promotion``)."""
     config = session.config
-    assert config.register_as is not None
-    assert exported.version is not None
     made = [Channel(config.location, c) for c in config.channels]
     states = [c.meta().feature_state for c in made if c.exists()]
     tags = version_tags(
@@ -209,7 +213,7 @@ def _tag_version(session: Session, exported: Exported, lineage: dict[str, str]) 
         tags["flow.promotion.reason"] = (
             "trained without --promote-margin: the champion alias moves only for a judged model"
         )
-    tag_version(config.register_as, exported.version, tags, session.tracking_uri)
+    return tags
 
 
 def _params(config: TrainConfig, session: Session) -> dict[str, Any]:
