@@ -190,7 +190,9 @@ def _vocabulary_files(
         sink = pa.BufferOutputStream()
         pq.write_table(values, sink)
         folder.write_bytes(file, sink.getvalue())
-    return spark.read.parquet(f"{folder.hadoop_uri}/{file}")
+    # The schema given: reading infers nothing, which is a Spark job a file.
+    ddl = f"`_key_{name}` string, `_vocab_{name}` int"
+    return spark.read.schema(ddl).parquet(f"{folder.hadoop_uri}/{file}")
 
 
 def training_columns(spec: FeatureSpec, state: FeatureState) -> list[Column]:
