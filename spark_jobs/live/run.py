@@ -46,6 +46,7 @@ from spark_jobs.stage import Progress, StageRun
 __all__ = [
     "IN_PLAN",
     "QUERY",
+    "VOCABULARIES",
     "WRITER_REASON_TAG",
     "WRITER_TAG",
     "LiveRun",
@@ -78,6 +79,10 @@ def _writer_id(
         checkpoint.write_bytes(marker, uuid.uuid4().hex[:12].encode())
     return f"{pipeline.name}.{stage.name}:{checkpoint.read_bytes(marker).decode().strip()}"
 
+
+VOCABULARIES = "flow-vocabularies"
+"""The fitted vocabularies as Parquet files, in the query's checkpoint, one folder a state
+version (spark_jobs.features.Featurizer)."""
 
 QUERY = "stream"
 """The name of a live stage's query folder in its checkpoint (one query since the intake and
@@ -198,7 +203,11 @@ class LiveRun(StageRun[LiveStage]):
             ledger=BatchLedger(
                 self.spark, outputs.dead_letters, outputs.writer, LEDGER_RETENTION, self.progress
             ),
-            featurizer=Featurizer(self.spark, self.stage.features, state),
+            # The vocabularies as files in the checkpoint (shared storage on a cluster), which
+            # each batch's broadcast scans: from the driver, every batch's tasks carried them.
+            featurizer=Featurizer(
+                self.spark, self.stage.features, state, outputs.checkpoint.child(VOCABULARIES)
+            ),
             dimensions=dimensions,
             progress=self.progress,
         )
