@@ -24,7 +24,9 @@ import pyspark
 import pytest
 
 from flow.config import S3Config, StackConfig
+from flow.stack.kafka import delete_topics
 from flow.storage import location, namespace_locations
+from flow.workflows.loading import topics
 from tests.conftest import S3Server
 from tests.support import REPO, doc_commands, free_ports, handoff_rows, run_flow
 
@@ -200,34 +202,40 @@ def test_the_production_page_runs_as_printed_on_s3_and_the_cluster(
     no dependency of the project): the server starts with those buckets, checked here."""
     env = {**stack_env, "FLOW_CATALOG_URI": str(tmp_path / "catalog.db")}
     ran = []
-    for printed in doc_commands(PRODUCTION, WORKED):
-        words = [
-            w.replace("http://127.0.0.1:9000", s3_server.endpoint).replace(
-                "spark://HOST:7077", cluster
-            )
-            for w in printed
-        ]
-        if words[0] == "export":
-            env.update(dict(w.split("=", 1) for w in words[1:]))
-            continue
-        if words[0] == "aws":
-            assert words[-2:-1] == ["mb"], printed
-            assert location(words[-1], S3Config.from_env(env)).exists(), printed
-            continue
-        assert words[0] == ".venv/bin/flow", printed
-        args = words[1:]
-        if args[0] in ("submit", "run"):
-            args[1:1] = DRIVER
-        done = run_flow(args, env, timeout=900)
-        said = done.stdout + done.stderr
-        assert done.returncode == 0, f"{shlex.join(printed)}:\n{said[-4000:]}"
-        ran.append(args[0])
-        if args[0] in ("submit", "run"):
-            assert "reconcile" in said, said[-3000:]
-        if args[0] == "run":
-            assert "channel live:" in said, said[-3000:]  # the trainer read the channel
-        if args[:2] == ["handoff", "verify"]:
-            assert " 0 damaged, 0 missing commits, 0 orphan shards, 0 row count mismatches" in said
+    # The page's namespace is ctr: its topics are the broker's (the session's one stack), and a
+    # later test producing to ctr's topics would read this stream's records too.
+    try:
+        for printed in doc_commands(PRODUCTION, WORKED):
+            words = [
+                w.replace("http://127.0.0.1:9000", s3_server.endpoint).replace(
+                    "spark://HOST:7077", cluster
+                )
+                for w in printed
+            ]
+            if words[0] == "export":
+                env.update(dict(w.split("=", 1) for w in words[1:]))
+                continue
+            if words[0] == "aws":
+                assert words[-2:-1] == ["mb"], printed
+                assert location(words[-1], S3Config.from_env(env)).exists(), printed
+                continue
+            assert words[0] == ".venv/bin/flow", printed
+            args = words[1:]
+            if args[0] in ("submit", "run"):
+                args[1:1] = DRIVER
+            done = run_flow(args, env, timeout=900)
+            said = done.stdout + done.stderr
+            assert done.returncode == 0, f"{shlex.join(printed)}:\n{said[-4000:]}"
+            ran.append(args[0])
+            if args[0] in ("submit", "run"):
+                assert "reconcile" in said, said[-3000:]
+            if args[0] == "run":
+                assert "channel live:" in said, said[-3000:]  # the trainer read the channel
+            if args[:2] == ["handoff", "verify"]:
+                clean = " 0 damaged, 0 missing commits, 0 orphan shards, 0 row count mismatches"
+                assert clean in said
+    finally:
+        delete_topics(running_stack.kafka, topics("ctr").values())
     assert ran == ["services", "generate", "submit", "generate", "run", "handoff"]
 
     # Where the page says the checkpoints are, they are.
