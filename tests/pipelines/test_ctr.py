@@ -68,7 +68,8 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
     output = backfill.stdout + backfill.stderr
     assert backfill.returncode == 0, output[-4000:]
     # The run id `flow insight RUN_ID` takes, and a link that opens the runs view.
-    assert re.search(r"MLflow run [0-9a-f]{32}: http\S+workflowType=machine_learning", output)
+    printed = re.search(r"MLflow run ([0-9a-f]{32}): http\S+workflowType=machine_learning", output)
+    assert printed, output[-3000:]
 
     catalog = open_catalog(running_stack.catalog)
     handoff = f"{running_stack.handoff}/ctr"
@@ -118,8 +119,13 @@ def test_backfill_then_streaming_produce_learnable_reconciled_rows(
     client = MlflowClient(tracking_uri=running_stack.mlflow.tracking_uri)
     experiment = client.get_experiment_by_name("pipeline-ctr_backfill")
     assert experiment is not None
-    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    stage = runs["backfill"]
+    # This run's stage, nested under the pipeline run it printed: the experiment is the
+    # session's, and other tests (docs/production.md's example) run namespace ctr's pipelines too.
+    runs = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{printed.group(1)}'",
+    )
+    (stage,) = [r for r in runs if r.info.run_name == "backfill"]
     assert stage.data.metrics["rows_in"] == history.impressions
     assert stage.data.metrics["reconciled"] == 1.0
     assert stage.data.tags["flow.feature_state"] == state.version
