@@ -209,27 +209,63 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-day", type=int, default=50_000)
     parser.add_argument("--batch-size", type=int, default=4096, help="the trainer's batch")
     parser.add_argument(
+        "--full-batches",
+        action="store_true",
+        help="the trainer waits for full batches across commits (before whole commits)",
+    )
+    parser.add_argument(
         "--master", help="run the Spark job on this master (spark://..., yarn, k8s://...)"
     )
     parser.add_argument(
         "--conf", action="append", default=[], metavar="K=V", help="spark-submit settings"
     )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help=f"first run the design before issue 47 ({BEFORE['trigger']} trigger, full "
+        "batches), then this one, and print both breakdowns",
+    )
     args = parser.parse_args(argv)
 
-    from flow.cli.jobs import spark_launcher
     from flow.cli.local import stack_up
 
     stack = stack_up()
+    chosen = {"trigger": args.trigger, "full_batches": args.full_batches}
+    designs = {"before": BEFORE, "chosen": chosen} if args.compare else {"chosen": chosen}
+    runs = {name: _run(stack, args, **design) for name, design in designs.items()}
+    summary = runs["chosen"]
+    if args.compare:
+        summary["before"] = runs["before"]
+        out.print("[bold]before and after, produced -> trained by leg[/] (seconds, p50 / p99)")
+        for line in compared(runs["before"], summary):
+            out.print(line, highlight=False)
+    path = save("freshness", summary, folder=stack.home / "bench", indent=1)
+    plot = _plot(summary["produced_to_trained_series"], path.with_suffix(".png"))
+    out.print(f"results: {path}" + (f", plot: {plot}" if plot else ""))
+
+
+BEFORE: dict[str, Any] = {"trigger": "10 seconds", "full_batches": True}
+"""The design ``--compare`` measures first: a 10 s trigger, and a trainer that waited for full
+batches across commits (``flow bench freshness`` before issue 47)."""
+
+
+def _run(
+    stack: StackConfig, args: argparse.Namespace, *, trigger: str, full_batches: bool
+) -> dict[str, Any]:
+    """One run of the demo's workflow at the bench's size, and its figures."""
+    from flow.cli.jobs import spark_launcher
+
     size = DemoSize(
         days=args.days,
         per_day=args.per_day,
         rate=args.rate,
         live_s=args.seconds,
         drain_s=args.drain,
-        trigger=args.trigger,
+        trigger=trigger,
         per_batch=args.per_batch,
         labels=args.labels,
         batch_size=args.batch_size,
+        full_batches=full_batches,
     )
     started = time.monotonic()
 
@@ -247,7 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarize(stack, parent, namespace=NAMESPACE)
     summary["stage_lag"] = _stage_lag(stack, parent)
     summary["breakdown"] = breakdown(stack, parent, summary)
-    summary["args"] = vars(args)
+    summary["args"] = vars(args) | {"trigger": trigger, "full_batches": full_batches}
+    summary["args"].pop("compare", None)
     series = _series(stack, parent)
     summary["produced_to_trained_series"] = series
     _show(summary)
@@ -255,9 +292,28 @@ def main(argv: list[str] | None = None) -> None:
     if slowest:
         said = ", ".join(f"{lag:.1f} s at {at:.0f} s" for at, lag in slowest)
         out.print(f"  slowest live batches (produced -> trained, when): {said}", highlight=False)
-    path = save("freshness", summary, folder=stack.home / "bench", indent=1)
-    plot = _plot(series, path.with_suffix(".png"))
-    out.print(f"results: {path}" + (f", plot: {plot}" if plot else ""))
+    return summary
+
+
+def compared(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Two runs' breakdowns side by side, leg by leg, and produced -> trained."""
+
+    def legs(run: dict[str, Any]) -> dict[str, Any]:
+        produced = run.get("freshness", {}).get("produced_to_trained")
+        return {**(run.get("breakdown") or {}), "produced_to_trained": produced or {}}
+
+    def q(legs: dict[str, Any], name: str) -> str:
+        found = legs.get(name) or {}
+        return " / ".join(
+            f"{found[k]:.1f}" if found.get(k) is not None else "n/a" for k in ("p50", "p99")
+        )
+
+    first, then = legs(before), legs(after)
+    lines = [f"    {'':50} {'before':>13} {'after':>13}"]
+    for name, label in (*LEGS, ("produced_to_trained", "produced -> trained")):
+        if name in first or name in then:
+            lines.append(f"    {label:50} {q(first, name):>13} {q(then, name):>13}")
+    return lines
 
 
 def _show(summary: dict[str, Any]) -> None:
@@ -324,6 +380,9 @@ def _command(args: dict[str, Any]) -> str:
     line = ["flow", "bench", "freshness"]
     for name, value in args.items():
         if name in ("master", "conf"):
+            continue
+        if isinstance(value, bool):  # a switch
+            line += [f"--{name.replace('_', '-')}"] if value else []
             continue
         line += [
             f"--{name.replace('_', '-')}",

@@ -481,6 +481,10 @@ class StackConfig:
     checkpoints: str
     """Root of streaming queries' and trainers' checkpoints: a path or a URI (on a cluster,
     storage the driver and every worker share)."""
+    checkpoints_from: str = "FLOW_CHECKPOINTS"
+    """The setting that chose ``checkpoints``, as an error names it: ``FLOW_CHECKPOINTS``, or
+    while that is unset the root it defaults beside (an error must not blame a setting the user
+    never gave)."""
 
     @property
     def s3(self) -> S3Config:
@@ -568,12 +572,15 @@ class StackConfig:
                 "FLOW_KAFKA_CONTROLLER_PORT and FLOW_MLFLOW_PORT different values"
             )
         handoff = settings.handoff or str(home / "handoff")
+        checkpoints_from = "FLOW_CHECKPOINTS"
         if settings.checkpoints:
             checkpoints = settings.checkpoints
         elif "://" in handoff and not handoff.startswith("file:"):
             checkpoints = _beside(handoff, "checkpoints")
+            checkpoints_from = "FLOW_CHECKPOINTS (unset: beside FLOW_HANDOFF)"
         else:
             checkpoints = str(home / "checkpoints")
+            checkpoints_from = "FLOW_CHECKPOINTS (unset: in FLOW_HOME)"
         return cls(
             home=home,
             jar_cache=jar_cache,
@@ -587,4 +594,5 @@ class StackConfig:
             feature_state=settings.feature_state or str(home / "feature-state"),
             handoff=handoff,
             checkpoints=checkpoints,
+            checkpoints_from=checkpoints_from,
         )

@@ -37,6 +37,7 @@ __all__ = [
     "location",
     "namespace_locations",
     "s3_filesystem",
+    "setting_location",
 ]
 
 
@@ -191,13 +192,34 @@ class Location:
 
     def check_readable(self, setting: str) -> None:
         """Raise a ConfigError naming ``setting`` unless this folder can be listed (it may not
-        exist yet): for readers, which need not be allowed to write."""
+        exist yet, but its bucket must): for readers, which need not be allowed to write."""
         try:
             self.fs.get_file_info(self.path)
+            # S3 answers "not found" for a key in a bucket that does not exist, as for a
+            # folder not made yet: a reader would wait for channels that can never appear.
+            bucket = self.path.split("/", 1)[0]
+            missing = (
+                isinstance(self.fs, pafs.S3FileSystem)
+                and self.fs.get_file_info(bucket).type == pafs.FileType.NotFound
+            )
         except (OSError, pa.ArrowException) as exc:
             raise ConfigError(
                 f"{setting}: cannot read {_shown(self.uri)}{self._why(exc, setting)}"
             ) from exc
+        if missing:
+            raise ConfigError(
+                f"{setting}: cannot read {_shown(self.uri)}"
+                + self._why(OSError(f"NoSuchBucket: {bucket}"), setting)
+            )
+
+    def check_checkpoint(self, setting: str) -> None:
+        """:meth:`check_writable`, and that Spark can use this folder as a streaming query's
+        checkpoint (:attr:`hadoop_uri`): both found before any work, naming ``setting``."""
+        try:
+            self.hadoop_uri  # noqa: B018 (the check is its raising)
+        except ConfigError as exc:
+            raise ConfigError(f"{setting}: {exc}") from None
+        self.check_writable(setting)
 
     def read_bytes(self, name: str) -> bytes:
         with self.fs.open_input_stream(f"{self.path}/{name}") as src:
@@ -275,6 +297,19 @@ def s3_filesystem(config: S3Config, *, connect_timeout: float = 5.0) -> pafs.S3F
     return pafs.S3FileSystem(**options)
 
 
+def setting_location(uri_or_path: str, setting: str, s3: S3Config | None = None) -> Location:
+    """:func:`location`, with a URI no filesystem here understands (``s3x://``, a typo) a
+    ConfigError naming ``setting``, not pyarrow's error from deep inside a run."""
+    try:
+        return location(uri_or_path, s3)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(
+            f"{setting}: {_shown(uri_or_path)} is not a location this process can open "
+            f"({reason}); give a local path or an s3:// (gs://, hdfs://) URI"
+        ) from exc
+
+
 def location(uri_or_path: str, s3: S3Config | None = None) -> Location:
     """The folder at ``uri_or_path`` (a local path or a filesystem URI); an ``s3://`` one with
     ``s3`` (default: the S3 settings of this process's environment)."""
@@ -310,10 +345,14 @@ def namespace_locations(stack: StackConfig, namespace: str) -> NamespaceLocation
     """
     if not namespace or "/" in namespace or namespace in (".", ".."):
         raise ConfigError(f"namespace {namespace!r}: give a plain name (letters, digits, _ or -)")
+
+    def root(uri: str, setting: str) -> Location:
+        return setting_location(uri, setting, stack.s3).child(namespace)
+
     return NamespaceLocations(
-        handoff=location(stack.handoff, stack.s3).child(namespace),
-        checkpoints=location(stack.checkpoints, stack.s3).child(namespace),
-        feature_state=location(stack.feature_state, stack.s3).child(namespace),
+        handoff=root(stack.handoff, "FLOW_HANDOFF"),
+        checkpoints=root(stack.checkpoints, stack.checkpoints_from),
+        feature_state=root(stack.feature_state, "FLOW_FEATURE_STATE"),
     )
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "OptimConfig",
     "TrainConfig",
     "load_config",
+    "location_settings",
     "parse_args",
     "save_config",
 ]
@@ -341,6 +342,10 @@ class TrainConfig:
     max_steps: int | None = None
     follow: bool = False
     """Continuous mode: follow the channels' new commits until they are closed."""
+    full_batches: bool = False
+    """Following: every batch ``batch_size`` rows, a commit's rows short of one waiting for the
+    next commit. By default each commit is trained on whole as it lands (its last batch
+    smaller), which takes a trigger interval off the freshness of those rows."""
     device: str = "auto"
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
     bf16: bool | None = None
@@ -428,7 +433,8 @@ class TrainConfig:
     wait_for_channels: float = 0.0
     """Seconds to wait for the channels to appear (a trainer started beside its Spark job)."""
     audit_dir: Path | None = None
-    """Debugging: each rank writes a fingerprint of every row it trained on (rank-<r>.npy)."""
+    """Each rank writes the id of every row it trained on here, a part at each checkpoint and at
+    the end (flow.handoff.audit); ``flow handoff verify --audit`` proves them exactly once."""
     result_file: Path | None = None
     """Rank 0 writes the run's summary here as JSON."""
 
@@ -591,6 +597,21 @@ class TrainConfig:
         own = f"{run.model.name}-{fingerprint(sized.identity())}"
         folder = where.checkpoints.child("trainer", "-".join(self.channels), own)
         return replace(run, checkpoint_dir=folder.uri)
+
+
+def location_settings(config: TrainConfig, stack: StackConfig) -> tuple[str, str]:
+    """The settings that chose ``config``'s handoff and checkpoint folder, as a probe's error
+    names them: ``FLOW_HANDOFF`` and the checkpoints root's setting for the namespace's own
+    folders (:meth:`TrainConfig.resolved`), else the options that named others. An error must
+    not blame ``--checkpoint-dir`` when the user never gave one."""
+    handoff = "--handoff (under flow run --train: the pipeline's HandoffOutput.location)"
+    if config.handoff in (None, replace(config, handoff=None).resolved(stack).handoff):
+        handoff = "FLOW_HANDOFF"
+    checkpoints = "--checkpoint-dir"
+    default = replace(config, checkpoint_dir=None).resolved(stack).checkpoint_dir
+    if config.checkpoint_dir in (None, default):
+        checkpoints = stack.checkpoints_from
+    return handoff, checkpoints
 
 
 _NOT_IDENTITY = frozenset(

@@ -3,14 +3,16 @@
 flow import criteo train.txt --table criteo.days --start 2024-01-01T00:00:00Z --rows-per-second 1
 flow run pipelines/criteo.py
 
-The `train` stage fits the features on rows before SPLIT and writes channel `train`; the
-`train_holdout` stage featurizes the rows from SPLIT on with that state into channel `test`.
+The import records where training ends on the table (--split-at, by default the first 80% of
+the rows); the `train` stage fits the features on the rows before it and writes channel
+`train`, the `train_holdout` stage featurizes the rest with that state into channel `test`.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
+from flow.config import StackConfig
 from flow.pipeline import (
     BackfillStage,
     FeatureSpec,
@@ -21,11 +23,9 @@ from flow.pipeline import (
     Pipeline,
     run_main,
 )
-from flow.workflows.criteo import CATEGORICAL, INTEGER
+from flow.workflows.criteo import CATEGORICAL, INTEGER, recorded_split
 
-# With --start 2024-01-01T00:00:00Z and --rows-per-second 1, the first 86,400 rows. For
-# Kaggle's train.txt imported with --rows-per-second 76 (7 days): datetime(2024, 1, 7, ...).
-SPLIT = datetime(2024, 1, 2, tzinfo=UTC)
+TABLE = "criteo.days"
 
 CRITEO_FIELDS = (
     Field("label", "int", required=True),
@@ -48,7 +48,7 @@ def criteo_features() -> FeatureSpec:
     )
 
 
-def criteo(table: str = "criteo.days", split: datetime = SPLIT) -> Pipeline:
+def criteo(table: str, split: datetime) -> Pipeline:
     whole = Pipeline(
         name="criteo",
         namespace=table.split(".")[0],
@@ -63,4 +63,5 @@ def criteo(table: str = "criteo.days", split: datetime = SPLIT) -> Pipeline:
 
 
 if __name__ == "__main__":
-    run_main(criteo())
+    # The split is the one `flow import criteo` recorded on the table (its --split-at).
+    run_main(criteo(TABLE, recorded_split(StackConfig.from_env(), TABLE)))

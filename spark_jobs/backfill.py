@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from flow.config import StackConfig
 from flow.errors import ConfigError, DeadLetterBudgetError
 from flow.handoff import Channel
+from flow.pipeline.labels import SAMPLE_ROWS, label_sample
 from flow.pipeline.model import BackfillStage, Enrich, HandoffOutput, LabelJoin, Pipeline
 from flow.pipeline.sources import PRODUCED_AT, DeltaSource, IcebergSource, TableSource
 from flow.pipeline.state import FeatureState
@@ -144,6 +145,7 @@ class BackfillRun(StageRun[BackfillStage]):
     def read_events(self) -> DataFrame:
         read = read_table(self.spark, self.stack, self.events)
         self.report.lineage[f"{self.stage.events}.snapshot_id"] = read.snapshot_id
+        self._check_label_sample(read.df)
         rows, self.report.events_input, self.report.events_dead = self._validated(
             read.df, self.events, self.stage.events
         )
@@ -154,6 +156,34 @@ class BackfillRun(StageRun[BackfillStage]):
             f"from {read.table}"
         )
         return rows
+
+    def _check_label_sample(self, events: DataFrame) -> None:
+        """Fail in seconds, before the job over every event, when the label column is read
+        from the events as it is and the first rows' labels are mostly ones that cannot train
+        (flow.pipeline.labels): the dead-letter bound would stop the stage, but only after that
+        job. A label joined or derived is known only after it, and left to the bound."""
+        spec, bound = self.stage.features, self.stage.max_dead_share
+        derived = {d.name for d in self.stage.derive}
+        if (
+            bound >= 1.0
+            or self.stage.label is not None
+            or spec.label in derived
+            or spec.label not in events.columns
+        ):
+            return
+        rows = events.select(spec.label).limit(SAMPLE_ROWS).collect()
+        sample = label_sample([r[0] for r in rows], spec.labels)
+        if sample.share <= bound:
+            return
+        said = "0 or 1" if spec.labels == "binary" else "in [0, 1]"
+        raise DeadLetterBudgetError(
+            f"{self.stage.name}: {sample.bad:,} of the first {sample.rows:,} labels of "
+            f"{self.stage.events} ({sample.share:.0%}) are not {said}, e.g. "
+            f"{spec.label!r} = {sample.example!r}, over the stage's bound of {bound:.0%} of dead "
+            "letters. Nothing was written: derive a 0/1 label, e.g. Derived('label', "
+            f"'rating >= 4', type='int'), or raise BackfillStage({self.stage.name!r}, "
+            "max_dead_share=...)"
+        )
 
     def label(self, events: DataFrame, label: LabelJoin) -> DataFrame:
         """The events with their labels (a batch join over the label source's table)."""

@@ -15,6 +15,7 @@ from flow.config import StackConfig
 from flow.console import console as make_console
 from flow.errors import ConfigError
 from flow.pipeline.model import BackfillStage, Pipeline
+from flow.pipeline.outputs import check_run
 from flow.pipeline.run import RunOptions
 from flow.pipeline.sources import IcebergSource
 from flow.pipeline.state import FeatureState, layout
@@ -23,7 +24,7 @@ from spark_jobs.backfill import run_backfill
 from spark_jobs.live import run_live
 from spark_jobs.report import StageReport
 from spark_jobs.session import get_session
-from spark_jobs.stage import check_derived, check_outputs
+from spark_jobs.stage import check_derived
 
 __all__ = ["describe", "run_pipeline"]
 
@@ -143,11 +144,7 @@ def incremental(pipeline: Pipeline, stage: BackfillStage, since: int | None) -> 
 def run_pipeline(pipeline: Pipeline, stack: StackConfig, options: RunOptions) -> list[StageReport]:
     """Run the chosen stages in order; each report says whether its counts reconcile."""
     chosen = [s for s in pipeline.stages if not options.stages or s.name in options.stages]
-    # Every stage's outputs before the first starts (each stage checks its own again): a later
-    # stage's unwritable location is not found after an earlier stage has run for an hour.
-    for stage in chosen:
-        fits = isinstance(stage, BackfillStage) and stage.fit and options.feature_state is None
-        check_outputs(stack, pipeline, stage, fits=fits)
+    check_run(stack, pipeline, options)  # each stage checks its own again when it starts
     tracker: Tracker = NullTracker()
     if options.tracking:  # an unreachable server is one line now, not a traceback after Spark
         tracker = mlflow = MlflowTracker(stack.mlflow.tracking_uri, f"pipeline-{pipeline.name}")

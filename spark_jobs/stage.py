@@ -12,7 +12,8 @@ instead of two) does not have to fit the other's. The phases a micro-batch write
 (enrichment, counting) are plain functions here, since a writer holds no run.
 
 Before either reads anything, :meth:`StageRun.check_outputs` writes a probe file to every
-location the stage will write (:func:`stage_outputs`): an unwritable handoff is found in a
+location the stage will write (:func:`flow.pipeline.outputs.stage_outputs`, engine-neutral so
+that ``flow run`` probes them before it starts a driver): an unwritable handoff is found in a
 second, with the setting to change, not after an hour of fitting.
 """
 
@@ -28,12 +29,13 @@ from pyspark.sql import functions as F
 
 from flow.config import StackConfig
 from flow.errors import ConfigError
-from flow.pipeline.model import BackfillStage, Enrich, HandoffOutput, LiveStage, Pipeline, Stage
+from flow.pipeline.model import BackfillStage, Enrich, LiveStage, Pipeline, Stage
+from flow.pipeline.outputs import check_outputs, stage_outputs
 from flow.pipeline.state import FeatureState, states_location
-from flow.storage import Location, check_storage, location, namespace_locations
+from flow.storage import Location
 from spark_jobs.joins import enrich
 from spark_jobs.report import StageReport
-from spark_jobs.rows import channel_for, dead_letter_table
+from spark_jobs.rows import dead_letter_table
 from spark_jobs.sinks import (
     DEAD_LETTER_SCHEMA,
     LEDGER_PROPERTIES,
@@ -101,40 +103,6 @@ def check_derived(spark: SparkSession, pipeline: Pipeline, stage: Stage) -> None
                 f"stage {stage.name!r}: Derived({derived.name!r}, {derived.sql!r}) does not "
                 f"work on its columns ({', '.join(frame.columns)}): {reason}"
             ) from None
-
-
-def stage_outputs(
-    stack: StackConfig, pipeline: Pipeline, stage: BackfillStage | LiveStage, *, fits: bool
-) -> list[tuple[Location, str]]:
-    """The locations ``stage`` writes, each with the setting that chooses it: its handoff
-    channel, the feature states it saves (``fits``), a live stage's checkpoints and, on a local
-    warehouse, the Iceberg tables (dead letters, training tables)."""
-    found: list[tuple[Location, str]] = []
-    output = pipeline.output
-    if isinstance(output, HandoffOutput):
-        setting = "FLOW_HANDOFF" if output.location is None else "HandoffOutput.location"
-        found.append((channel_for(stack, pipeline, stage.channel).folder, setting))
-    folders = namespace_locations(stack, pipeline.namespace)
-    if fits:
-        found.append((folders.feature_state.child(stage.features.name), "FLOW_FEATURE_STATE"))
-    if stage.streaming:
-        checkpoints = folders.checkpoints.child(pipeline.name, stage.name)
-        found.append((checkpoints, "FLOW_CHECKPOINTS"))
-    # Only a local warehouse: on an object store Iceberg writes with the catalog's own
-    # credentials (FLOW_CATALOG_PROPERTIES), which a probe through pyarrow would not use.
-    if stack.catalog.type == "sql" and stack.catalog.warehouse.startswith("file:"):
-        found.append((location(stack.catalog.warehouse), "FLOW_WAREHOUSE"))
-    return found
-
-
-def check_outputs(
-    stack: StackConfig, pipeline: Pipeline, stage: BackfillStage | LiveStage, *, fits: bool
-) -> None:
-    """A ConfigError naming the setting to change unless ``stage`` can write every location it
-    writes (a probe file, written and deleted, in each)."""
-    check_storage(stack, "FLOW_WAREHOUSE")  # the tables it reads and writes, if in S3
-    for where, setting in stage_outputs(stack, pipeline, stage, fits=fits):
-        where.check_writable(setting)
 
 
 class StageRun(Generic[S]):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -142,3 +144,22 @@ def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float(
         (ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * (~labels).sum())
     )
+
+
+def doc_commands(doc: Path, heading: str) -> list[list[str]]:
+    """The commands of the first ```bash block under ``heading`` in ``doc``, as a shell would
+    split them: continuation lines joined, comments dropped, one entry per ``;``-separated
+    command. A test that runs these cannot drift from what the page prints."""
+    text = doc.read_text()
+    start = text.index(f"\n{heading}\n")
+    block = re.search(r"^```bash\n(.*?)^```", text[start:], re.MULTILINE | re.DOTALL)
+    if block is None:
+        raise ValueError(f"{doc.name}: no bash block under {heading!r}")
+    joined = block.group(1).replace("\\\n", " ")
+    commands = []
+    for line in joined.splitlines():
+        for part in line.split(";"):
+            words = shlex.split(part, comments=True)
+            if words:
+                commands.append(words)
+    return commands

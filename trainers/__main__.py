@@ -3,10 +3,12 @@
     torchrun --nproc-per-node 2 -m trainers train --namespace ctr --channel backfill --epochs 2
     python -m trainers train --channel live --follow --export-every 1000 --register-as ctr
     python -m trainers train --config run.json [--flags that override it]
+    python -m trainers tune --channel backfill --eval-channel holdout --trials 20 [--json]
     python -m trainers doctor [--require-gpu] [--json]
 
 ``train --help`` lists every setting of ``flow.training.TrainConfig``, from which the command
-line is generated (model, optimizer, mixing, checkpoints, tracking). A mistake (an unknown
+line is generated (model, optimizer, mixing, checkpoints, tracking); ``tune`` (``flow tune``)
+searches them (``trainers.tune``). A mistake (an unknown
 ``FLOW_*`` variable, a bad ``--config`` file, a missing channel) ends with one line, ``error:
 ...``, and exit code 1; ``--debug`` (or ``FLOW_DEBUG=1``) adds its traceback.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +28,7 @@ from flow.errors import FlowError
 if TYPE_CHECKING:  # torch loads only when a command runs
     from trainers.result import TrainResult
 
-COMMANDS = ("train", "doctor")
+COMMANDS = ("train", "tune", "doctor")
 
 
 def _train(argv: list[str]) -> int:
@@ -74,6 +77,35 @@ def _train(argv: list[str]) -> int:
     return 0
 
 
+def _tune(argv: list[str]) -> int:
+    from flow.config import StackConfig
+    from flow.training import parse_args
+    from trainers.tune import parse_tune_args, tune
+
+    study, as_json, rest = parse_tune_args(argv)
+    stack = StackConfig.from_env()
+    config = parse_args(rest, prog="flow tune").resolved(stack)
+
+    def say(line: str) -> None:  # with --json, stdout holds the result alone
+        print(line, file=sys.stderr if as_json else sys.stdout, flush=True)
+
+    result = tune(config, study, tracking_uri=stack.mlflow.tracking_uri, say=say)
+    best = result.best
+    assert best is not None  # tune() raises when no trial gave a figure
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2, default=str), flush=True)
+        return 0
+    said = f"tune: best trial {best.number}, eval AUC {best.auc:.4f}: " + ", ".join(
+        f"{k}={v}" for k, v in best.params.items()
+    )
+    if result.run_id:
+        said += f"; MLflow run {result.run_id}"
+    if result.model_version:
+        said += f" ({result.registered_as} version {result.model_version})"
+    print(said, flush=True)
+    return 0
+
+
 def headline(result: TrainResult, result_file: Path | None) -> str:
     """The run in one line a person reads: how much, how fast, how good, where the rest is."""
     figures = [f"{result.steps:,} steps", f"{result.rows:,} rows"]
@@ -107,13 +139,52 @@ def main(argv: list[str]) -> int:
     command, args = argv[0], [a for a in argv[1:] if a != DEBUG_FLAG]
     try:
         if command == "train":
-            return _train(args)
+            return _stoppable(args, debug=debug_requested(argv))
+        if command == "tune":
+            return _tune(args)
         from trainers.doctor import main as doctor
 
         return doctor(args)
     except FlowError as exc:
-        report_error(exc, debug=debug_requested(argv))
+        if _said_here(exc):
+            report_error(exc, debug=debug_requested(argv))
+        _leave_process_group()
         return 1
+
+
+def _leave_process_group() -> None:
+    """Leave the ranks' process group before exiting on a mistake: left to the interpreter's
+    end, gloo's threads may abort the process (SIGABRT, "terminate called without an active
+    exception") in place of its exit code 1. Torch is only asked if a command loaded it."""
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _said_here(error: FlowError) -> bool:
+    """Whether this rank says ``error``: one that every rank raises alike, rank 0 alone."""
+    from flow.handoff import World
+    from trainers.lifecycle import FolderInUseError
+
+    return not isinstance(error, FolderInUseError) or World.from_env().rank == 0
+
+
+def _stoppable(args: list[str], *, debug: bool) -> int:
+    """``train``, which SIGTERM or SIGINT stops in one line (rank 0's) and 128 + the signal."""
+    from flow.handoff import World
+    from trainers.lifecycle import Stopped, stopping_on_signals
+
+    try:
+        with stopping_on_signals():
+            return _train(args)
+    except Stopped as stop:
+        if debug:
+            traceback.print_exception(stop)
+        if World.from_env().rank == 0:
+            print(stop.line, file=sys.stderr, flush=True)
+        return stop.code
 
 
 if __name__ == "__main__":

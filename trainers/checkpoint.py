@@ -57,11 +57,13 @@ class Checkpointer:
         self.rank = rank
         self.world_size = world_size
         self.keep = keep
+        self.loaded_from_ranks: int | None = None
+        """The number of ranks that wrote the checkpoint :meth:`load` found last."""
 
-    def check_writable(self) -> None:
-        """A ConfigError naming ``--checkpoint-dir`` unless the folder can be written: found
-        when the run starts, not at its first checkpoint."""
-        self.folder.check_writable("--checkpoint-dir")
+    def check_writable(self, setting: str = "--checkpoint-dir") -> None:
+        """A ConfigError naming ``setting`` (the one that chose the folder) unless the folder
+        can be written: found when the run starts, not at its first checkpoint."""
+        self.folder.check_writable(setting)
 
     def _steps(self) -> list[str]:
         return [name for name in self.folder.list(folders=True) if name.startswith("step-")]
@@ -108,7 +110,7 @@ class Checkpointer:
             return None
         target = self._step_folder(step)
         first = self._cursor(target, 0)
-        written_by = int(first["world_size"])
+        written_by = self.loaded_from_ranks = int(first["world_size"])
         if written_by == self.world_size:
             cursor = first if self.rank == 0 else self._cursor(target, self.rank)
             mine: dict[str, Any] = cursor["cursor"]

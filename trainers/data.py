@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from flow.errors import ConfigError
+from flow.handoff.rowid import bytes_hashes, mix
 
 __all__ = [
     "NO_KEY",
@@ -115,47 +116,6 @@ def probabilities(array: pa.Array | pa.ChunkedArray, name: str) -> np.ndarray:
     return values
 
 
-# A polynomial hash of the bytes modulo 2**64, then splitmix64's finaliser so that keys that
-# differ in one byte differ in every bit. 64 bits: two of 10 million keys collide with a chance
-# of about 3e-6.
-_MULTIPLIER = np.uint64(0x100000001B3)
-
-
-def _mix(values: np.ndarray) -> np.ndarray:
-    z = values.astype(np.uint64, copy=True)
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return z
-
-
-def _bytes_hashes(array: pa.Array) -> np.ndarray:
-    """One uint64 per value of a (large) string or binary array, vectorised over its bytes."""
-    array = array.cast(pa.large_binary())
-    offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[
-        array.offset : array.offset + len(array) + 1
-    ]
-    raw = array.buffers()[2]
-    start, end = int(offsets[0]), int(offsets[-1])
-    data = (
-        np.frombuffer(raw, dtype=np.uint8)[start:end].astype(np.uint64)
-        if raw
-        else np.zeros(0, np.uint64)
-    )
-    starts = offsets[:-1] - start
-    lengths = np.diff(offsets)
-    # byte i of its value gets MULTIPLIER ** (its position in the value): a prefix sum of the
-    # weighted bytes, taken at the values' ends, minus at their starts, is each value's sum.
-    position = np.arange(len(data), dtype=np.int64) - np.repeat(starts, lengths)
-    powers = np.cumprod(np.full(max(int(lengths.max(initial=0)), 1), _MULTIPLIER))
-    powers = np.concatenate([[np.uint64(1)], powers[:-1]])
-    prefix = np.concatenate([[np.uint64(0)], np.cumsum(data * powers[position], dtype=np.uint64)])
-    sums = prefix[starts + lengths] - prefix[starts]
-    return _mix(sums ^ _mix(lengths.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
-
-
 def key_hashes(array: pa.Array | pa.ChunkedArray, name: str) -> np.ndarray:
     """A key column (integers or strings) as int64 hashes, the same for the same key in any
     batch or process, ``NO_KEY`` where null: how the metrics match an impression's rows."""
@@ -163,9 +123,9 @@ def key_hashes(array: pa.Array | pa.ChunkedArray, name: str) -> np.ndarray:
         array = array.combine_chunks()
     kind = array.type
     if pa.types.is_integer(kind):
-        hashed = _mix(array.cast(pa.int64()).fill_null(0).to_numpy().view(np.uint64))
+        hashed = mix(array.cast(pa.int64()).fill_null(0).to_numpy().view(np.uint64))
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
-        hashed = _bytes_hashes(array)
+        hashed = bytes_hashes(array)
     else:
         raise ConfigError(
             f"key column {name!r} is {kind}; a label key is a string or an integer column"

@@ -68,6 +68,7 @@ def reader_for(
         shuffle=train,
         seed=config.seed,
         follow=config.follow and train,
+        whole_commits=not config.full_batches,
         # Retention needs every bucket read: a reader of a subset records nothing.
         consumer_group=config.consumer_group if train and buckets is None else None,
         buckets=buckets,

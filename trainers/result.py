@@ -100,6 +100,13 @@ class TrainResult:
     leader: bool = True
     """Rank 0: the rank that tracks, exports and reports."""
     world_size: int = 1
+    pruned: bool = False
+    """A watcher of the evaluations (``flow tune``'s pruner) stopped the run; its model is not
+    exported: nobody is to use it."""
+    model_tags: dict[str, str] = field(default_factory=dict)
+    """What a registry version of the exported model is tagged with (its run, feature state,
+    channels, commits; see trainers.promote.version_tags), whether or not it was registered:
+    registered later (``flow tune``'s best trial), it says the same."""
 
     def add_origin(self, channel: str, origin: Origin, trained_s: float) -> None:
         """A batch of a followed channel trained at ``trained_s``: its legs, and the pick-ups

@@ -27,12 +27,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.handoff import Channel
-from flow.storage import Location, location
+from flow.handoff.audit import AuditWriter, key_row_ids
+from flow.storage import Location, setting_location
 from flow.tracking import Run
 from flow.train_defaults import with_batch_size
-from flow.training import TrainConfig, fingerprint
+from flow.training import TrainConfig, fingerprint, location_settings
 from trainers.checkpoint import Checkpointer, differences
 from trainers.data import NO_TIME
 from trainers.early_stop import EarlyStop
@@ -48,6 +50,7 @@ from trainers.inputs import (
     start_distributed,
     wait_for,
 )
+from trainers.lifecycle import FolderInUseError, Launcher, Lease
 from trainers.loader import Batch, DeviceLoader, ShuffleOn, StallMeter
 from trainers.metrics import Scores
 from trainers.models import CTRModel, build_model
@@ -78,6 +81,17 @@ def fingerprints(tensors: dict[str, torch.Tensor]) -> np.ndarray:
     with np.errstate(over="ignore"):
         mixed: np.ndarray = (values * mixers).sum(axis=1, dtype=np.uint64)
     return mixed
+
+
+def _audit(audit: AuditWriter, batch: Batch) -> None:
+    """The batch's rows by id: their key and label where the channel has a key column, else
+    (no identity to prove) a fingerprint of their values."""
+    if batch.keys is None:
+        audit.id_kind = "fingerprint"
+        audit.add(fingerprints(batch.tensors), batch.channel or "?")
+        return
+    labels = batch.tensors["label"].detach().double().cpu().numpy()
+    audit.add(key_row_ids(batch.keys, labels), batch.channel or "?")
 
 
 def _median_time(times_us: np.ndarray | None) -> float | None:
@@ -124,25 +138,77 @@ class Session:
     """One rank's run: model, optimizer, data, tracking; ``run()`` trains."""
 
     def __init__(
-        self, config: TrainConfig, say: Callable[[str], None], tracking_uri: str | None
+        self,
+        config: TrainConfig,
+        say: Callable[[str], None],
+        tracking_uri: str | None,
+        *,
+        on_evaluation: Callable[[dict[str, float]], bool] | None = None,
     ) -> None:
         self.config = config
+        self.on_evaluation = on_evaluation
+        """Called with each evaluation's figures while training (every rank alike, so they must
+        answer alike); True stops the run there: ``flow tune``'s pruner (``result.pruned``)."""
         self.tracking_uri = tracking_uri
+        # First: a rank whose launcher dies while it waits for its peers must not stay behind.
+        self.launcher = Launcher.of_this_rank()
         self.device = device_for(config.device)
         self.world = start_distributed(self.device)
         self.leader = self.world.rank == 0
         self.say = say if self.leader else (lambda _: None)
+        # Each probe names the setting that chose its location (a default checkpoint folder
+        # is not --checkpoint-dir's), and the handoff goes first: the default checkpoints sit
+        # beside it, often in its bucket, and a missing bucket is the handoff setting's fault.
+        handoff, checkpoints = location_settings(config, StackConfig.from_env())
+        self.default_folder = checkpoints != "--checkpoint-dir"
+        """Whether the checkpoint folder is the one the settings name, not one the user gave."""
+        # Before waiting for channels: an unreachable store is an error, not a channel to wait for.
+        setting_location(config.location, handoff).check_readable(handoff)
         self.checkpoints = (
-            Checkpointer(config.checkpoint_dir, self.world.rank, self.world.world_size)
+            Checkpointer(
+                setting_location(config.checkpoint_dir, checkpoints),
+                self.world.rank,
+                self.world.world_size,
+            )
             if config.checkpoint_dir
             else None
         )
+        self.lease: Lease | None = None
         if self.checkpoints is not None:
-            self.checkpoints.check_writable()  # before waiting for channels or building anything
-            if config.fresh:
-                self.checkpoints.clear()
-        # Before waiting for channels: an unreachable store is an error, not a channel to wait for.
-        location(config.location).check_readable("--handoff (FLOW_HANDOFF)")
+            self.checkpoints.check_writable(checkpoints)  # before building anything
+            self.lease = self._take_lease(self.checkpoints)
+        try:
+            self._build(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Let the checkpoint folder go (another trainer may use it from now on)."""
+        if self.lease is not None:
+            self.lease.release()
+
+    def _take_lease(self, checkpoints: Checkpointer) -> Lease | None:
+        """Rank 0 leases the checkpoint folder; every rank raises its refusal (the ranks of one
+        run never refuse each other)."""
+        lease, refused = None, None
+        if self.leader:
+            try:
+                lease = Lease.take(checkpoints.folder)
+            except FolderInUseError as exc:
+                refused = str(exc)
+        if self.world.world_size > 1:
+            said = [refused]
+            dist.broadcast_object_list(said, src=0)
+            refused = said[0]
+        if refused is not None:
+            raise FolderInUseError(refused)
+        return lease
+
+    def _build(self, config: TrainConfig) -> None:
+        """Everything after the checkpoint folder is held: model, optimizer, readers."""
+        if self.checkpoints is not None and config.fresh:
+            self.checkpoints.clear()
         torch.manual_seed(config.seed)
         wait_for(config, self.say)
         config, derived = with_batch_size(config)  # the channels exist now: their rows are known
@@ -197,8 +263,9 @@ class Session:
             if config.shuffle_on == "device"
             else "host"
         )
-        self.holdout, kept = holdout(config)
-        self.reader = reader_for(config, self.world, config.channels, train=True, buckets=kept)
+        self.holdout, self.kept = holdout(config)
+        """The buckets held out for evaluation and those trained on (None, None: no share)."""
+        self.reader = self._train_reader()
         self.champion: CTRModel | None = None
         if config.init_from_champion or config.promote_margin is not None:
             self.champion = self._champion(warm_start=config.init_from_champion)
@@ -214,6 +281,8 @@ class Session:
         )
         self.labels: dict[str, Labels] = {}
         """Per channel seen: how its rows were labelled and the loss used on them."""
+        self.row_keys: dict[str, str | None] = {}
+        """Auditing: each channel's row key column (its metadata's label key), read once."""
         self.step = 0
         self.run_id: str | None = None
         """The MLflow run tracking this training run (recorded in its checkpoints)."""
@@ -221,6 +290,12 @@ class Session:
         """The run read all it was to read (a stop at ``max_steps`` is not finished)."""
         self.last_cursor: dict[str, Any] | None = None
         """The reader's cursor after the last batch trained on (lineage reads it)."""
+
+    def _train_reader(self) -> Any:
+        """A reader of the training channels from their start, for this rank."""
+        return reader_for(
+            self.config, self.world, self.config.channels, train=True, buckets=self.kept
+        )
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.bf16:
@@ -272,10 +347,12 @@ class Session:
                 + ". Give another --checkpoint-dir, or --fresh to discard it and train from "
                 "scratch"
             )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
         self.reader.load_state_dict(cursor)
         self.step = int(state["step"])
+        if self._replaces_finished_run(state, folder):
+            return None
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
         if self.early is not None and state.get("early_stop"):
             self.early.load_state_dict(state["early_stop"])
         self._check_left(state, folder)
@@ -304,11 +381,39 @@ class Session:
             "that change the run, defaults included, train in a folder of their own"
         )
 
+    def _left(self) -> bool:
+        """Whether these settings leave something to train after the step resumed from."""
+        steps = self.config.max_steps
+        return self._epochs_left() and (steps is None or self.step < steps)
+
+    def _replaces_finished_run(self, state: dict[str, Any], folder: Location) -> bool:
+        """In the folder the settings name, a finished run of another number of ranks is
+        another run (the global batch differs): this one trains from scratch and replaces its
+        checkpoints, saying so, where it used to be refused. Elastic resume is unchanged: an
+        unfinished run is resumed on any number of ranks (a torchrun restarted after losing a
+        node has to find it), and a folder the user named is never replaced."""
+        assert self.checkpoints is not None
+        ranks = self.checkpoints.loaded_from_ranks
+        if not self.default_folder or ranks in (None, self.world.world_size) or self._left():
+            return False
+        tracked = state.get("run_id") not in (None, "untracked")
+        kept = f"its model: MLflow run {state['run_id']}" if tracked else "it was not tracked"
+        self.say(
+            f"checkpoints: the run in {folder} finished at step {self.step} on {ranks} rank(s) "
+            f"({kept}); {self.world.world_size} rank(s) train another run from scratch, whose "
+            "checkpoints replace it"
+        )
+        if dist.is_initialized():
+            dist.barrier()  # every rank has read the old checkpoint before it goes
+        self.checkpoints.clear()
+        self.reader = self._train_reader()
+        self.step = 0
+        return True
+
     def _check_left(self, state: dict[str, Any], folder: Location) -> None:
         """Refuse to resume a run with nothing left to read (its epochs, or the channels it
         followed until they closed): it would train on nothing and report the finished run's
         model as a new result."""
-        steps = self.config.max_steps
         early = self.early
         if early is not None and early.stopped and early.best is not None:
             raise ConfigError(
@@ -317,8 +422,7 @@ class Session:
                 f"({early.best.value:.4f}) for {early.stale} evaluations. Give a larger "
                 "--early-stop to go on from it, or --fresh to train again from scratch"
             )
-        left = self._epochs_left() and (steps is None or self.step < steps)
-        if not left:
+        if not self._left():
             tracked = state.get("run_id") not in (None, "untracked")
             run = f" (its results: MLflow run {state['run_id']})" if tracked else ""
             # From one pass to several, the default embedding L2 changes the run (identity):
@@ -428,7 +532,11 @@ class Session:
             scores=ProgressiveScores(
                 oracle=config.oracle is not None,
                 window_s=config.metrics_window_s if config.event_time else 0.0,
-            )
+            ),
+            audit=None
+            if config.audit_dir is None
+            # A run resumed from a checkpoint supersedes the audit of the steps after it.
+            else AuditWriter(config.audit_dir, self.world.rank, resumed_from=self.step or None),
         )
         for channel in config.channels:  # those read later are announced at their first batch
             if Channel(config.location, channel).exists():
@@ -443,9 +551,9 @@ class Session:
                     loop.done = True  # max_steps reached, or stopped early
                     break
             if not loop.done and self.early is not None and not config.eval_every:
-                loop.done = self._judge(run, loop)  # epochs chosen by the evaluation rows
+                loop.done = self._judge(run, loop, result)  # epochs chosen by the evaluation rows
         if self.early is not None and not self.early.stopped and loop.judged != self.step:
-            self._judge(run, loop)  # the last model is a candidate too
+            self._judge(run, loop, None)  # the last model is a candidate too
         self._finish(result, loop, time.perf_counter() - started)
         self._restore_best(result)
 
@@ -458,9 +566,23 @@ class Session:
             event_time=self.config.event_time,
             produced_time=self.config.produced_time,
             oracle=self.config.oracle,
-            key=lambda channel: self.labels_of(channel).key,
+            key=self._row_key,
             shuffle_on=self.shuffle_on,
         )
+
+    def _row_key(self, channel: str | None) -> str | None:
+        """The key column the training batches carry hashed: an immediate channel's label key
+        (its metrics tie rows to impressions by it); auditing, any channel's, which names its
+        rows in the audit (the metrics use keys of immediate channels only)."""
+        key = self.labels_of(channel).key
+        if key is not None or self.config.audit_dir is None:
+            return key
+        name = channel or self.config.channels[0]
+        if name not in self.row_keys:
+            meta = Channel(self.config.location, name).meta()
+            found = (meta.labels or {}).get("key")
+            self.row_keys[name] = found if found in meta.schema.names else None
+        return self.row_keys[name]
 
     def _step(self, batch: Batch, labels: Labels, scores: ProgressiveScores) -> torch.Tensor:
         """One optimizer step on ``batch``, scored first (progressive validation); its loss."""
@@ -537,10 +659,10 @@ class Session:
         return self.frozen
 
     def _account(self, batch: Batch, result: TrainResult, loop: _Loop) -> None:
-        """Rows, waits, freshness and (when auditing) fingerprints of a batch trained on."""
+        """Rows, waits, freshness and (when auditing) the ids of a batch's rows."""
         loop.cursor = batch.cursor
-        if self.config.audit_dir is not None:
-            loop.audit.append(fingerprints(batch.tensors))
+        if loop.audit is not None:
+            _audit(loop.audit, batch)
         result.rows += batch.rows
         loop.stall.add(batch)
         loop.window.rows += batch.rows
@@ -565,24 +687,35 @@ class Session:
             self._log(run, loss, loop)
         if config.eval_every and step % config.eval_every == 0:
             if self.early is not None:
-                if self._judge(run, loop):
+                if self._judge(run, loop, result):
                     return True
             else:
                 evaluated = self.evaluate()
                 run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=step)
-        if self.checkpoints and step % config.checkpoint_every == 0:
-            self.checkpoints.save(step, self.state(), cursor)
+                if self._pruned(evaluated, result):
+                    return True
+        if step % config.checkpoint_every == 0:
+            self.launcher.check()  # an orphaned rank writes nothing
+            # The audit's part first: a crash between the two leaves a part past the step the
+            # next run resumes from, which the audit leaves out, never a gap.
+            if loop.audit is not None:
+                loop.audit.flush(step)
+            if self.checkpoints:
+                self.checkpoints.save(step, self.state(), cursor)
         if config.export_every and step % config.export_every == 0 and self.leader:
             result.model_uri = export_model(self, run, final=False).uri
         return config.max_steps is not None and step >= config.max_steps
 
-    def _judge(self, run: Run, loop: _Loop) -> bool:
-        """Evaluate now for early stopping, log it; True when the run is to stop."""
+    def _judge(self, run: Run, loop: _Loop, result: TrainResult | None) -> bool:
+        """Evaluate now for early stopping, log it; True when the run is to stop. ``result``:
+        the run may still stop here, and ``on_evaluation`` is asked (None: the run is over)."""
         assert self.early is not None
         evaluated = self.evaluate()
         run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=self.step)
         loop.judged = self.step
         stop = self.early.update(self.step, evaluated, self.model)
+        if result is not None and not stop and self._pruned(evaluated, result):
+            return True
         best = self.early.best
         if stop and best is not None:
             self.say(
@@ -590,6 +723,14 @@ class Session:
                 f"step {best.step}'s ({best.value:.4f}) for {self.early.stale} evaluations"
             )
         return stop
+
+    def _pruned(self, evaluated: dict[str, float], result: TrainResult) -> bool:
+        """Whether ``on_evaluation`` stops the run at this evaluation (and says so)."""
+        if self.on_evaluation is None or not self.on_evaluation(evaluated):
+            return False
+        result.pruned = True
+        self.say(f"stopped at step {self.step}: the evaluation's watcher pruned the run")
+        return True
 
     def _restore_best(self, result: TrainResult) -> None:
         """With early stopping, the best model evaluated is the run's model from here on."""
@@ -630,7 +771,6 @@ class Session:
 
     def _finish(self, result: TrainResult, loop: _Loop, seconds: float) -> None:
         """The run's figures, the audit file and the last checkpoint."""
-        config = self.config
         result.wait_seconds = loop.stall.total()
         result.seconds = seconds
         result.steps = self.step
@@ -648,15 +788,14 @@ class Session:
         result.by_pass = {n: m.compute() for n, m in scores.by_pass.items() if m.count}
         result.by_window = scores.windows.compute()
         result.window_left_out = scores.windows.left_out()
-        if config.audit_dir is not None:
-            config.audit_dir.mkdir(parents=True, exist_ok=True)
-            rows = np.concatenate(loop.audit) if loop.audit else np.empty(0, dtype=np.uint64)
-            np.save(config.audit_dir / f"rank-{self.world.rank}-step-{self.step}.npy", rows)
+        if loop.audit is not None:
+            loop.audit.flush(self.step)
         self.finished = not loop.done  # loop.done: stopped at max_steps
         if self.checkpoints and loop.cursor is not None:
             # Finished, the reader stands at the start of the epoch after the last: a run that
             # resumes it has that much more to read, not the end of the last epoch again.
             cursor = self.reader.state_dict() if self.finished else loop.cursor
+            self.launcher.check()
             self.checkpoints.save(self.step, self.state(), cursor)
         scored = scores.progressive.compute() if scores.progressive.count else loop.scored
         result.metrics = result.metrics or {f"progressive_{k}": v for k, v in scored.items()}
@@ -682,7 +821,8 @@ class _Loop:
     stall: StallMeter = field(default_factory=StallMeter)
     cursor: dict[str, Any] | None = None
     """The reader's cursor after the last batch trained on."""
-    audit: list[np.ndarray] = field(default_factory=list)
+    audit: AuditWriter | None = None
+    """The row ids read since the last checkpoint (with ``audit_dir``; flow.handoff.audit)."""
     done: bool = False
     judged: int | None = None
     """The step of the last evaluation early stopping judged."""

@@ -18,6 +18,7 @@ arrives, with its steps, when the server is back. The rank's own work is
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from flow.handoff import Channel
 from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Tracker
 from flow.training import TrainConfig, config_to_dict
+from trainers.lifecycle import LauncherGone, Stopped, received
 from trainers.lineage import log_lineage
 from trainers.promote import Decision, decide, promote, tag_version, version_tags
 from trainers.result import (
@@ -57,9 +59,59 @@ def train(
     *,
     tracking_uri: str | None = None,
     say: Callable[[str], None] = print,
+    on_evaluation: Callable[[dict[str, float]], bool] | None = None,
 ) -> TrainResult:
-    """Train on ``config``'s channels; every rank calls this. Rank 0 tracks and exports."""
-    session = Session(config, say, tracking_uri)
+    """Train on ``config``'s channels; every rank calls this. Rank 0 tracks and exports.
+
+    ``on_evaluation`` sees each evaluation while training (``--early-stop``, ``--eval-every``);
+    True stops the run there, pruned: it is evaluated, not exported (``flow tune``).
+
+    Stopped (SIGTERM or SIGINT under :func:`trainers.lifecycle.stopping_on_signals`, or its
+    launcher's death), it raises :class:`trainers.lifecycle.Stopped` with the line to say, its
+    MLflow runs ended as KILLED."""
+    session = None
+    try:
+        session = Session(config, say, tracking_uri, on_evaluation=on_evaluation)
+        return _train(session, config, tracking_uri)
+    except KeyboardInterrupt as stop:
+        raise _stopped(stop, session) from stop
+    except Exception as exc:
+        why = received()
+        if why is None:
+            raise
+        # A peer rank stopped by the signal first: this rank's collectives failed with it.
+        raise _stopped(KeyboardInterrupt(why.name), session) from exc
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _stopped(stop: KeyboardInterrupt, session: Session | None) -> Stopped:
+    """How a stopped trainer ends: its line (what stopped it, at which step, which checkpoint
+    stays) and exit code 128 + the signal."""
+    if isinstance(stop, Stopped):
+        return stop
+    signum = received() or (signal.SIGINT if type(stop) is KeyboardInterrupt else signal.SIGTERM)
+    where = f" at step {session.step}" if session is not None else " before its first step"
+    if isinstance(stop, LauncherGone):
+        said = f"trainer stopped{where}: {stop}"
+    elif session is not None and session.launcher.gone():  # its death signal, SIGTERM
+        said = f"trainer stopped{where}: its launcher (pid {session.launcher.pid}) is gone"
+    else:
+        said = f"trainer stopped by {signum.name}{where}"
+    checkpoints = session.checkpoints if session is not None else None
+    if checkpoints is not None:
+        latest = checkpoints.latest()
+        kept = (
+            f"the checkpoint of step {latest} is kept"
+            if latest is not None
+            else "no checkpoint was saved"
+        )
+        said += f"; {kept}"
+    return Stopped(said, 128 + signum)
+
+
+def _train(session: Session, config: TrainConfig, tracking_uri: str | None) -> TrainResult:
     result = TrainResult(leader=session.leader, world_size=session.world.world_size)
     tracker = _tracker(config, tracking_uri if session.leader else None)
     parent = (
@@ -95,14 +147,16 @@ def train(
                 layout=session.layout.to_dict(),
                 step=session.step,
             )
-        if session.leader and config.tracking and tracking_uri:
+        if session.leader and config.tracking and tracking_uri and not result.pruned:
             # The model's run shows every metric before the model appears; a server still down
             # after this wait fails the export below.
             run.flush(FINAL_FLUSH_S)
             exported = export_model(session, stage, final=True)
             result.model_uri, result.model_version = exported.uri, exported.version
+            result.model_tags = _version_tags(session, exported, lineage)
             if exported.version is not None:
-                _tag_version(session, exported, lineage)
+                assert config.register_as is not None
+                tag_version(config.register_as, exported.version, result.model_tags, tracking_uri)
         with (
             tracker.stage("evaluate") as stage_run,
             ResilientRun(stage_run, session.say) as evaluation,
@@ -146,12 +200,10 @@ def _promotion(
     return decision
 
 
-def _tag_version(session: Session, exported: Exported, lineage: dict[str, str]) -> None:
-    """The registered version's lineage: run, feature state, channels and commits; and, until
+def _version_tags(session: Session, exported: Exported, lineage: dict[str, str]) -> dict[str, str]:
+    """A registered version's lineage: run, feature state, channels and commits; and, until
     a promotion judges it, that none has (``flow.promotion``)."""
     config = session.config
-    assert config.register_as is not None
-    assert exported.version is not None
     made = [Channel(config.location, c) for c in config.channels]
     states = [c.meta().feature_state for c in made if c.exists()]
     tags = version_tags(
@@ -166,7 +218,7 @@ def _tag_version(session: Session, exported: Exported, lineage: dict[str, str]) 
         tags["flow.promotion.reason"] = (
             "trained without --promote-margin: the champion alias moves only for a judged model"
         )
-    tag_version(config.register_as, exported.version, tags, session.tracking_uri)
+    return tags
 
 
 def _params(config: TrainConfig, session: Session) -> dict[str, Any]:

@@ -12,6 +12,7 @@
     flow schedule APP.py --cron "..."    retraining on a schedule, one run at a time
     flow run APP.py [args]               services up, then submit on the local stack
     flow train [trainer options]         train on handoff channels (python -m trainers train)
+    flow tune [--trials N] [trainer options]   search the trainer's settings (Optuna)
     flow driver start | stop | status    a warm Spark driver that flow run hands jobs to
     flow spark-args                      the options to give a plain spark-submit
     flow handoff ls | show | verify | close | retire | drop
@@ -32,7 +33,7 @@ import sys
 
 import click
 
-from flow.cli import channels, check, data, deploy, driver, ingest, jobs, lifecycle, local
+from flow.cli import channels, check, data, deploy, driver, ingest, jobs, lifecycle, local, tune
 from flow.console import DEBUG_ENV, DEBUG_FLAG
 
 __all__ = ["main"]
@@ -68,6 +69,7 @@ for command in (
     jobs.spark_args,
     jobs.bench,
     jobs.train,
+    tune.tune,
     lifecycle.demo,
     lifecycle.retrain,
     lifecycle.schedule,

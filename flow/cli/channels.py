@@ -3,6 +3,7 @@
     flow handoff ls [LOCATION] [--json]        channels, commits, rows, unread bytes
     flow handoff show LOCATION CHANNEL [--json]   schema, layout, recent commits, consumers
     flow handoff verify LOCATION CHANNEL [--json] shards, commits and their sequence: what is lost
+    flow handoff verify LOCATION CHANNEL --audit DIR   and every row read once by the trainers
     flow handoff close LOCATION CHANNEL        tell followers the producer has finished
     flow handoff retire LOCATION CHANNEL       delete shards every consumer group has read
     flow handoff drop LOCATION CHANNEL --yes   delete the channel
@@ -14,6 +15,7 @@ Results go to stdout (tables, or JSON with ``--json``); errors to stderr.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -24,6 +26,7 @@ from flow.cli.common import console, emit_json, friendly, out, stack_config
 from flow.errors import ChannelNotFoundError, FlowError
 
 if TYPE_CHECKING:  # pyarrow loads inside the commands: `flow --help` stays instant
+    from flow.handoff.audit import AuditProof
     from flow.handoff.channel import Channel
     from flow.storage import Location
 
@@ -253,18 +256,39 @@ def _shown(channel: Channel, last: int) -> dict[str, object]:
     show_default=True,
     help="Seconds an uncommitted batch above the last commit counts as still being written.",
 )
+@click.option(
+    "--audit",
+    "audit_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A trainer's --audit-dir: prove every row of the channel was read exactly once, "
+    "across its runs and resumes, naming rows read twice or never.",
+)
+@click.option("--key", help="The column that names a row (default: the channel's label key).")
 @_JSON
 @friendly
-def verify(where: str, name: str, in_flight_grace: float, as_json: bool) -> None:
+def verify(
+    where: str,
+    name: str,
+    in_flight_grace: float,
+    audit_dir: Path | None,
+    key: str | None,
+    as_json: bool,
+) -> None:
     """Check the channel against its commits: damaged shards, missing commits, orphan shards,
-    row counts. One line per problem and a summary; exit 1 if there is any problem."""
-    report = _channel(where, name).verify(in_flight_grace=in_flight_grace)
+    row counts; with ``--audit``, the trainers' reads against its rows. One line per problem
+    and a summary; exit 1 if there is any problem."""
+    from flow.handoff.audit import prove_channel
+
+    channel = _channel(where, name)
+    report = channel.verify(in_flight_grace=in_flight_grace)
+    proof = None if audit_dir is None else prove_channel(channel, audit_dir, key)
     if as_json:
         emit_json(
             {
-                "ok": report.ok,
+                "ok": report.ok and (proof is None or proof.exactly_once),
                 "summary": report.summary(),
                 "problems": [{"kind": p.kind, "message": p.message} for p in report.problems],
+                **({} if proof is None else {"audit": _proof_json(proof)}),
             }
         )
     else:
@@ -275,8 +299,21 @@ def verify(where: str, name: str, in_flight_grace: float, as_json: bool) -> None
                 soft_wrap=True,
             )
         out.print(escape(report.summary()), highlight=False, soft_wrap=True)
-    if not report.ok:
+        for line in [] if proof is None else proof.lines():
+            out.print(escape(line), highlight=False, soft_wrap=True)
+    if not report.ok or (proof is not None and not proof.exactly_once):
         raise SystemExit(1)
+
+
+def _proof_json(proof: AuditProof) -> dict[str, object]:
+    return {
+        "exactly_once": proof.exactly_once,
+        "rows": proof.rows,
+        "read": proof.read,
+        # Row ids as hex: a uint64 does not survive every JSON reader.
+        "duplicates": {f"{i:016x}": n for i, n in sorted(proof.duplicates.items())},
+        "gaps": {f"{i:016x}": n for i, n in sorted(proof.gaps.items())},
+    }
 
 
 @handoff.command("close")

@@ -110,6 +110,8 @@ def _run(open_load: Callable[[], Load], dry_run: bool) -> None:
         f"{report.snapshot_id})"
         + (f"; {truncated:,} times lost digits below the microsecond" if truncated else "")
     )
+    if report.message:
+        console.print(escape(report.message), highlight=False)
 
 
 _table = click.option("--table", required=True, help="The Iceberg table: NAMESPACE.NAME.")
@@ -211,7 +213,7 @@ def import_() -> None:
     """Well-known public data sets in their own formats, into Iceberg tables."""
 
 
-def _instant(value: str | None) -> datetime | None:
+def _instant(value: str | None, option: str = "--start") -> datetime | None:
     if value is None:
         return None
     try:
@@ -219,8 +221,18 @@ def _instant(value: str | None) -> datetime | None:
     except ValueError as exc:
         raise click.BadParameter(
             f"{value!r}: write ISO-8601 with a zone, e.g. 2024-01-01T00:00:00Z",
-            param_hint="--start",
+            param_hint=option,
         ) from exc
+
+
+def _split_at(value: str | None) -> datetime | float | None:
+    """A share of the rows (``0.8``) or a time (``2024-01-02T00:00:00Z``)."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return _instant(value, "--split-at")
 
 
 @import_.command("criteo")
@@ -232,6 +244,13 @@ def _instant(value: str | None) -> datetime | None:
     type=float,
     help="With --start: row n is at start + n / this (Kaggle's 7 days: about 76).",
 )
+@click.option(
+    "--split-at",
+    metavar="SHARE|TIME",
+    help="Where training ends, recorded on the table for pipelines/criteo.py: a share of the "
+    "rows (0.8: the first 80%% by event time train) or a time (rows before it train). "
+    "Default with --start: 0.8 (--append: the table's split is kept).",
+)
 @click.option("--row-index", is_flag=True, help="Add 'row_id', the row's position from 0.")
 @_append
 @_replace
@@ -242,6 +261,7 @@ def import_criteo(
     table: str,
     start: str | None,
     rows_per_second: float | None,
+    split_at: str | None,
     row_index: bool,
     append: bool,
     replace: bool,
@@ -256,6 +276,7 @@ def import_criteo(
         table=table,
         start=_instant(start),
         rows_per_second=rows_per_second,
+        split_at=_split_at(split_at),
         row_index=row_index,
         mode=_mode(append, replace),
     )

@@ -46,6 +46,7 @@ from flow.handoff.plan import (
     assign,
     assign_pieces,
     batch_sizes,
+    keep_of,
     span_refs,
     targets,
 )
@@ -155,6 +156,11 @@ class OldPlan:
     """A finite epoch's totals per rank (its batch sizes follow); None when following."""
     rest: Remainder | None = None
     """What the epoch itself was resumed from, if the old world resumed it too."""
+    whole: bool = False
+    """It followed with whole commits (``ReadOptions.whole_commits``)."""
+
+    def keep(self, before: Sequence[int], rank: int) -> int | None:
+        return keep_of(before, rank) if self.whole else None
 
 
 def remainder(
@@ -260,9 +266,12 @@ def _replay(
         epoch=plan.epoch,
     )[rank]
     found: tuple[Window, list[BatchPlan]] | None = None
-    windows = planner.add(spans)
+    share_ = targets(rows_of(plan.rest, commit, shards(commit)), before)
+    after = [b + s for b, s in zip(before, share_, strict=True)]
+    windows = planner.add(spans, plan.keep(after, rank))
     if plan.rest is not None and stop.counters[0] == 0:  # the epoch's carried rows first
-        windows = itertools.chain(planner.drain(), windows)
+        opening = start(plan.rest, plan.world_size)[0]
+        windows = itertools.chain(planner.drain(plan.keep(opening, rank)), windows)
     for window, batches in windows:
         if window.ident == stop.window:
             found = (window, batches)
@@ -271,9 +280,8 @@ def _replay(
     if found is None and stop.position > planner.batches:
         # Its window in progress is a followed channel's last: the carried rows at its close.
         found = None
-        if plan.totals is None:
-            share_ = targets(rows_of(plan.rest, commit, shards(commit)), before)
-            terminal = planner.finish([b + s for b, s in zip(before, share_, strict=True)])
+        if plan.totals is None and not plan.whole:
+            terminal = planner.finish(after)
             found = next(((w, b) for w, b in terminal if w.ident == stop.window), None)
         if found is None:
             raise ConfigError(

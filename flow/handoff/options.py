@@ -20,6 +20,11 @@ class ReadOptions:
     seed: int = 0
     follow: bool = False
     """Keep reading new commits as they land; end when the channel is closed."""
+    whole_commits: bool = True
+    """Following: yield every commit's rows before waiting for the next commit, the commit's
+    last batch smaller than ``batch_size`` where they do not fill it (the same sizes on every
+    rank). Off: batches are always full, and a commit's rows short of one wait for the next
+    commit (at a 10 s trigger, 10 s more for about a batch of rows each commit)."""
     poll_interval: float = 0.05
     """Seconds between looks for new commits while following."""
     missing_commit_wait: float = 60.0

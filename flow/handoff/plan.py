@@ -18,9 +18,12 @@ property-tested without touching a file.
   into the next window (and re-permuted there).
 * **Batches.** In a finite epoch the totals are known up front: every rank yields the same
   number of batches and every row exactly once (the last batch may hold one extra row). When
-  following a growing channel, ranks yield full batches as commits land; at the channel's close
-  the final partial batches are yielded if every rank has one, otherwise the few rows that would
-  unbalance the ranks (fewer than ``world_size``) are reported as undelivered.
+  following a growing channel with whole commits (the default), each commit's rows are yielded
+  before the next commit is waited for: full batches and one smaller last one, the same number
+  on every rank (:func:`keep_of`); a rank may carry one row on. Without, ranks yield full
+  batches as commits land (rows short of a batch wait for the next commit) and at the channel's
+  close the final partial batches are yielded if every rank has one. Either way the few rows
+  that would unbalance the ranks (fewer than ``world_size``) are reported as undelivered.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ __all__ = [
     "assign",
     "assign_pieces",
     "batch_sizes",
+    "keep_of",
     "rank_totals",
     "span_refs",
 ]
@@ -133,6 +137,17 @@ def _take(spans: Sequence[Span], n: int) -> tuple[list[Span], list[Span]]:
             head.append(Span(span.commit, span.index, span.start, cut))
             return head, [Span(span.commit, span.index, cut, span.stop), *spans[i + 1 :]]
     return head, []
+
+
+def keep_of(before: Sequence[int], rank: int) -> int:
+    """Rows ``rank`` carries past a commit when a following world reads commits whole: those
+    beyond the fewest any rank has (``before``: every rank's totals after the commit).
+
+    Every rank then has yielded the same rows in all, in the same number of batches (a commit's
+    rows cut into full batches and one smaller last one), so ranks stay in step commit by
+    commit; the totals are within one row of each other (:func:`targets`), so this is 0 or 1.
+    """
+    return before[rank] - min(before)
 
 
 def targets(rows: int, before: Sequence[int]) -> list[int]:
@@ -318,12 +333,19 @@ class RankPlanner:
             return self.batch_size
         return self.sizes[self._batches] if self._batches < len(self.sizes) else None
 
-    def add(self, spans: Sequence[Span]) -> Iterator[tuple[Window, list[BatchPlan]]]:
+    def add(
+        self, spans: Sequence[Span], keep: int | None = None
+    ) -> Iterator[tuple[Window, list[BatchPlan]]]:
         """Windows over ``spans`` (after the carried rows), each with the batches it fills.
 
-        A window may fill no batch: its rows are then all carried into the next one.
+        A window may fill no batch: its rows are then all carried into the next one. With
+        ``keep`` (a following reader's whole commits, :func:`keep_of`), the last window also
+        yields its rows short of a batch as one last, smaller batch, carrying only ``keep``
+        rows on; without spans, the carried rows make that window alone.
         """
         rest = list(spans)
+        if not rest and keep is not None and self._carry > keep:
+            yield self._carried_window(keep)
         while rest:
             room = max(self.window_rows - self._carry, 1)
             head, rest = _stripe(rest, room, self.stripe)
@@ -335,20 +357,34 @@ class RankPlanner:
                 self.shuffle,
             )
             self._windows += 1
-            yield window, self._cut(window)
+            yield window, self._cut(window, None if rest else keep)
 
-    def _cut(self, window: Window) -> list[BatchPlan]:
+    def _cut(self, window: Window, keep: int | None = None) -> list[BatchPlan]:
+        """Full batches; with ``keep``, then one of the rest but ``keep`` rows."""
         position = 0
         batches = []
+        reserve = keep or 0
         while True:
             size = self._next_size()
-            if size is None or window.rows - position < size:
+            if size is None:
                 break
+            left = window.rows - position - reserve
+            if left < size:
+                if keep is None or left <= 0:
+                    break
+                size = left
             batches.append(BatchPlan(self._batches, window, position, position + size))
             self._batches += 1
             position += size
         self._carry = window.rows - position
         return batches
+
+    def _carried_window(self, keep: int | None) -> tuple[Window, list[BatchPlan]]:
+        """The carried rows as a window of their own (with ``keep``: yielded but ``keep``)."""
+        seed = (self.seed, self.epoch, self.rank, self._windows)
+        window = Window(self._windows, self._carry, (), seed, self.shuffle)
+        self._windows += 1
+        return window, self._cut(window, keep)
 
     def finish(self, totals: Sequence[int]) -> Iterator[tuple[Window, list[BatchPlan]]]:
         """At a followed channel's close: a last partial batch where the ranks need one.
@@ -371,18 +407,16 @@ class RankPlanner:
             self._carry = 0
             yield window, [batch]
 
-    def drain(self) -> Iterator[tuple[Window, list[BatchPlan]]]:
-        """The carried rows alone, as a window cut into the batches they fill.
+    def drain(self, keep: int | None = None) -> Iterator[tuple[Window, list[BatchPlan]]]:
+        """The carried rows alone, as a window cut into the batches they fill (with ``keep``,
+        and one of the rest but ``keep`` rows, as :meth:`add`).
 
         How a re-cut epoch's rank begins (:mod:`flow.handoff.elastic`): it starts with rows
         carried, maybe more than a window's, and maybe no span of its own to mix them with.
         Windows leave fewer rows than a batch after it, as in any epoch.
         """
         if self._carry and self._next_size() is not None:
-            seed = (self.seed, self.epoch, self.rank, self._windows)
-            window = Window(self._windows, self._carry, (), seed, self.shuffle)
-            self._windows += 1
-            yield window, self._cut(window)
+            yield self._carried_window(keep)
 
     @property
     def undelivered(self) -> int:

@@ -41,6 +41,7 @@ from flow.handoff.plan import (
     Window,
     World,
     batch_sizes,
+    keep_of,
     targets,
 )
 from flow.handoff.sequence import MissingCommit
@@ -153,7 +154,14 @@ class ChannelReader:
             "follow": self.options.follow,
             "buckets": sorted(self.options.buckets) if self.options.buckets is not None else None,
             "after_commit": self.options.after_commit,
+            # Only when on: a cursor of full batches (or of an older version) keeps its config.
+            **({"whole_commits": True} if self._whole else {}),
         }
+
+    @property
+    def _whole(self) -> bool:
+        """Following with whole commits (``ReadOptions.whole_commits``)."""
+        return self.options.follow and self.options.whole_commits
 
     def state_dict(self) -> dict[str, Any]:
         mark = self._mark
@@ -283,6 +291,7 @@ class ChannelReader:
             options.shuffle,
             None if options.follow else totals,
             base,
+            whole=self._whole,
         )
         rest = remainder(plan, stops, ids, lambda b: self._refs(self._commit(b)))
         after = min((s.after for s in stops if not s.done), default=options.after_commit)
@@ -476,7 +485,7 @@ class _EpochWalk(Generic[T]):
         reader, options = self.reader, self.reader.options
         if reader._rest is not None and self.start.counters[0] == 0:
             # A re-cut epoch's window 0: the rows its ranks start with (flow.handoff.elastic).
-            yield from self._windows(self.planner.drain())
+            yield from self._windows(self.planner.drain(self._keep()))
         waited = 0.0
         while True:
             listed = reader._next_commits(self.after)
@@ -500,7 +509,8 @@ class _EpochWalk(Generic[T]):
                 if reader._closed() and not reader._next_commits(self.after):
                     gap = self._lost_head()
                     if gap is None:
-                        yield from self._windows(self.planner.finish(self.before))
+                        if not reader._whole:  # whole commits were yielded as they came
+                            yield from self._windows(self.planner.finish(self.before))
                         return
             if gap is not None:
                 if waited >= options.missing_commit_wait:
@@ -599,10 +609,14 @@ class _EpochWalk(Generic[T]):
             # window asked for them: at every commit the gather waited.
             following = self._take(upcoming)
             self.ahead[upcoming] = (following, self._spans(following))
-        yield from self._windows(self.planner.add(spans))
+        yield from self._windows(self.planner.add(spans, self._keep()))
         self.after = batch_id
         self.last_read[commit.writer] = batch_id
         reader._record(_read_upto(self.after, materializer.carry_refs))
+
+    def _keep(self) -> int | None:
+        """With whole commits, the rows this rank carries past the rows read so far."""
+        return keep_of(self.before, self.reader.world.rank) if self.reader._whole else None
 
     def _take(self, batch_id: int) -> Commit:
         return self.reader._commit(batch_id)

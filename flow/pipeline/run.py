@@ -26,6 +26,7 @@ from flow.config import RUN_RESULT_ENV, StackConfig
 from flow.console import DEBUG_FLAG, reporting_errors, terminating_as_interrupt
 from flow.engine import RunOptions, load_engine
 from flow.pipeline.model import Pipeline
+from flow.pipeline.outputs import check_run
 from flow.pipeline.schema import did_you_mean
 
 __all__ = ["CHECK_FLAG", "RunOptions", "checking_only", "parse_run_args", "run_main"]
@@ -42,7 +43,8 @@ def checking_only() -> Iterator[None]:
     """Inside, ``run_main`` checks and returns instead of running: ``flow run`` runs a pipeline
     file so before it starts anything (flow.workflows.precheck). A switch of this process, not
     a flag on the command line, so that a file parsing its own arguments first is not told of
-    one it does not know."""
+    one it does not know. Besides what ``--check`` checks, every location the run writes is
+    probed (:func:`flow.pipeline.outputs.check_run`)."""
     global _checking
     _checking = True
     try:
@@ -129,6 +131,9 @@ def run_main(spec: Any, engine: str = "spark", argv: Sequence[str] | None = None
         if isinstance(spec, Pipeline):
             options = parse_run_args(args, [s.name for s in spec.stages])
         if check:  # built and parsed: what can be checked without Spark is checked
+            if _checking and isinstance(spec, Pipeline):
+                # Under `flow run`, before it starts a driver: every location the run writes.
+                check_run(StackConfig.from_env(), spec, options)
             raise SystemExit(0)
         result = os.environ.get(RUN_RESULT_ENV)
         options = replace(options, result_file=Path(result) if result else None)

@@ -8,15 +8,19 @@ missing): lowercase, so that a pipeline's ``Field`` can name them.
 
 The public files carry no time, but their rows are in time order (Kaggle's train.txt: 7 days,
 ~45.8 million rows). An event time makes a time-based split possible: ``start`` plus one row
-every 1/``rows_per_second`` seconds (``ts``), or the row's position (``row_id``).
+every 1/``rows_per_second`` seconds (``ts``), or the row's position (``row_id``). With a time,
+the import records where training ends on the table (``split_at``: a time, or a share of the
+rows, 0.8 by default, so that a file of any size has rows on both sides); ``pipelines/criteo.py``
+reads it back with :func:`recorded_split`.
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +30,7 @@ import pyarrow.csv as pcsv
 
 from flow.config import StackConfig
 from flow.errors import ConfigError, LoadError
+from flow.stack.iceberg import open_catalog
 from flow.workflows.ingest import Load, Mode, check_table_name, open_load
 from flow.workflows.readers import open_csv
 from flow.workflows.timestamps import UTC_US
@@ -34,9 +39,11 @@ __all__ = [
     "CATEGORICAL",
     "COLUMNS",
     "INTEGER",
+    "SPLIT_PROPERTY",
     "CriteoOptions",
     "CriteoSample",
     "import_criteo",
+    "recorded_split",
     "write_criteo_sample",
 ]
 
@@ -52,6 +59,9 @@ _HINT = (
     "A Criteo file has 40 tab-separated fields a line: the label (0/1), 13 integers, 26 "
     "categorical values, missing ones empty; check the file"
 )
+SPLIT_PROPERTY = "flow.criteo.split-at"
+"""The table property where the import records the first instant of the test rows."""
+DEFAULT_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -65,8 +75,20 @@ class CriteoOptions:
     """Rows per second of event time: row n is at ``start + n / rows_per_second``."""
     row_index: bool = False
     """Add ``row_id``, the row's position in the file from 0."""
+    split_at: datetime | float | None = None
+    """Where the training rows end, recorded on the table: a time (rows before it train, the
+    rest test) or a share of the rows (0.8: the first 80% by event time train). Default with
+    ``start``: 0.8, except for an append, which keeps the table's."""
     mode: Mode = "create"
     file_rows: int = 1_000_000
+
+    @property
+    def split(self) -> datetime | float | None:
+        """``split_at``, or the default share when the rows get a time; an append keeps the
+        table's split unless it is given one."""
+        if self.split_at is None and self.start is not None and self.mode != "append":
+            return DEFAULT_SHARE
+        return self.split_at
 
     def __post_init__(self) -> None:
         check_table_name(self.table)
@@ -81,6 +103,21 @@ class CriteoOptions:
             raise ConfigError(
                 f"--start {self.start.isoformat()} has no zone; write it with one, e.g. "
                 f"{self.start.isoformat()}Z"
+            )
+        if self.split_at is not None and self.start is None:
+            raise ConfigError(
+                "--split-at splits the rows by event time: give them one with --start and "
+                "--rows-per-second"
+            )
+        if isinstance(self.split_at, datetime) and self.split_at.tzinfo is None:
+            raise ConfigError(
+                f"--split-at {self.split_at.isoformat()} has no zone; write it with one, e.g. "
+                f"{self.split_at.isoformat()}Z"
+            )
+        if isinstance(self.split_at, float) and not 0 < self.split_at < 1:
+            raise ConfigError(
+                f"--split-at {self.split_at:g}: a share of the rows is between 0 and 1, e.g. 0.8 "
+                "(the first 80% train)"
             )
 
 
@@ -97,6 +134,8 @@ class _Rows:
             )
         if options.row_index:
             self.notes["row_id"] = "made: position in the file, from 0"
+        self.before = 0
+        """Rows whose ``ts`` is before a time ``split_at``."""
 
     def __call__(self, batch: pa.RecordBatch, first_row: int) -> pa.RecordBatch:
         label = batch.column("label")
@@ -112,12 +151,73 @@ class _Rows:
         if self.options.start is not None and self.options.rows_per_second is not None:
             start_us = int(self.options.start.timestamp() * 1_000_000)
             offsets = np.floor(index * (1_000_000 / self.options.rows_per_second))
-            arrays.append(pa.array(start_us + offsets.astype(np.int64)).cast(UTC_US))
+            times = start_us + offsets.astype(np.int64)
+            if isinstance(self.options.split_at, datetime):
+                self.before += int((times < _micros(self.options.split_at)).sum())
+            arrays.append(pa.array(times).cast(UTC_US))
             names.append("ts")
         if self.options.row_index:
             arrays.append(pa.array(index))
             names.append("row_id")
         return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _micros(at: datetime) -> int:
+    return int(at.timestamp() * 1_000_000)
+
+
+def _instant(micros: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+
+
+class _Split:
+    """Records where the training rows end on the table, once the rows are counted."""
+
+    def __init__(self, options: CriteoOptions, rows: _Rows) -> None:
+        self.options = options
+        self.rows = rows
+
+    def __call__(self, total: int) -> tuple[dict[str, str], str]:
+        split, start, rate = self.options.split, self.options.start, self.options.rows_per_second
+        if split is None or start is None or rate is None:
+            return {}, ""
+        if isinstance(split, datetime):
+            at, train = split, self.rows.before
+            asked = f"--split-at {split.isoformat()}"
+        else:
+            # Row k's time, as _Rows made it: the first row of the test rows.
+            train = min(max(math.floor(split * total), 1), total - 1)
+            at = _instant(_micros(start) + math.floor(train * (1_000_000 / rate)))
+            asked = f"--split-at {split:g}"
+        if not 0 < train < total:
+            raise LoadError(
+                f"{asked} puts {'all' if train else 'none'} of the {total:,} rows before it, "
+                "leaving nothing to "
+                + ("test on" if train else "train on")
+                + "; give a time between the first and the last row's, or a share such as 0.8"
+            )
+        moment = at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        return {SPLIT_PROPERTY: moment}, (
+            f"train/test split at {moment} ({asked}): {train:,} rows train, "
+            f"{total - train:,} test; recorded on {self.options.table} for pipelines/criteo.py"
+        )
+
+
+def recorded_split(stack: StackConfig, table: str) -> datetime:
+    """The first instant of the test rows that ``flow import criteo`` recorded on ``table``."""
+    catalog = open_catalog(stack.catalog)
+    if not catalog.table_exists(table):
+        raise ConfigError(
+            f"table {table} does not exist; import it first: flow import criteo FILE --table "
+            f"{table} --start 2024-01-01T00:00:00Z --rows-per-second 1"
+        )
+    value = catalog.load_table(table).properties.get(SPLIT_PROPERTY)
+    if value is None:
+        raise ConfigError(
+            f"table {table} records no train/test split: import it again with --start and "
+            "--rows-per-second (and --split-at, default 0.8), or pass criteo(split=...)"
+        )
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def import_criteo(stack: StackConfig, path: Path, options: CriteoOptions) -> Load:
@@ -148,6 +248,7 @@ def import_criteo(stack: StackConfig, path: Path, options: CriteoOptions) -> Loa
             mode=options.mode,
             notes=lambda: rows.notes,
             file_rows=options.file_rows,
+            finish=_Split(options, rows),
         )
     except BaseException:
         opened.close()

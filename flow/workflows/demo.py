@@ -65,6 +65,9 @@ class DemoSize:
     batch_size: int = 1024
     labels: Literal["window", "immediate"] = "immediate"
     """When the live stage emits an impression (LabelJoin.strategy)."""
+    full_batches: bool = False
+    """The trainer's ``--full-batches``: a commit's rows short of a batch wait for the next
+    commit (before whole commits, issue 47), for a comparison."""
 
     def command(self) -> str:
         """The ``flow demo`` command line that runs this size again."""
@@ -252,6 +255,7 @@ def run_demo(
         model=ModelConfig("dlrm"),
         optim=OptimConfig(lr=0.01),
         batch_size=size.batch_size,
+        full_batches=size.full_batches,
         log_every=20,
         event_time="ts",
         # The synthetic world's true click probability: the summary prints the oracle's AUC

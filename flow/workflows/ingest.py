@@ -34,6 +34,7 @@ from flow.workflows.timestamps import UTC_US, TimeRules, to_utc
 
 __all__ = [
     "ColumnPlan",
+    "Finish",
     "Load",
     "LoadOptions",
     "LoadPlan",
@@ -49,6 +50,9 @@ __all__ = [
 Mode = Literal["create", "append", "replace"]
 Progress = Callable[[int, int, int | None], None]
 """Called with (rows written so far, units done, units in all or None)."""
+Finish = Callable[[int], tuple[Mapping[str, str], str]]
+"""Called with the rows written, before the commit: table properties to set in the same
+commit, and a line for the user. Raising a LoadError there writes nothing."""
 
 _FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _LABEL = re.compile(r"^\s*(?P<column>.+?)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<value>-?\d+(\.\d+)?)\s*$")
@@ -214,6 +218,8 @@ class LoadReport:
     snapshot_id: int | None
     truncated: dict[str, int] = field(default_factory=dict)
     """Per time column: values that lost sub-microsecond digits."""
+    message: str = ""
+    """What the format's finishing step recorded on the table (``Load.finish``), for the user."""
 
 
 def _snake(name: str) -> str:
@@ -337,6 +343,7 @@ class Load:
     _rest: Iterator[pa.RecordBatch]
     _truncated: Callable[[], dict[str, int]]
     file_rows: int
+    finish: Finish | None = None
 
     def close(self) -> None:
         self.input.close()
@@ -474,6 +481,11 @@ def write_table(load: Load, progress: Progress = _quiet) -> LoadReport:
         if target is not None and plan.added:
             target = _add_columns(tx, plan)
         rows, files = _append_all(tx, load, target, progress)
+        message = ""
+        if load.finish is not None:
+            properties, message = load.finish(rows)
+            if properties:
+                tx.set_properties(dict(properties))
         if exists and plan.mode == "replace":
             # Dropped only now, so that a load which failed above left the old table in place.
             catalog.drop_table(plan.table)
@@ -488,6 +500,7 @@ def write_table(load: Load, progress: Progress = _quiet) -> LoadReport:
         files,
         snapshot.snapshot_id if snapshot else None,
         load._truncated(),
+        message,
     )
 
 
@@ -505,6 +518,7 @@ def open_load(
     file_rows: int = 1_000_000,
     preview_rows: int = 5,
     add_columns: bool = False,
+    finish: Finish | None = None,
 ) -> Load:
     """A load of ``batches`` converted by ``convert``: the first batch is read and converted
     now, for the plan. ``flow import`` formats use this with converters of their own."""
@@ -555,7 +569,7 @@ def open_load(
             row += batch.num_rows
 
     preview = pa.Table.from_batches([converted.slice(0, preview_rows)])
-    return Load(plan, preview, catalog, opened, rest(), truncated, file_rows)
+    return Load(plan, preview, catalog, opened, rest(), truncated, file_rows, finish)
 
 
 def _read_types(options: LoadOptions, fmt: Format) -> dict[str, pa.DataType]:
@@ -598,7 +612,7 @@ def load_file(stack: StackConfig, path: Path, options: LoadOptions) -> Load:
             opened=opened,
             table=options.table,
             mode=options.mode,
-            notes=lambda: convert.notes,
+            notes=lambda: {**opened.notes, **convert.notes},
             truncated=lambda: dict(convert.truncated),
             file_rows=options.file_rows,
             add_columns=options.add_columns,

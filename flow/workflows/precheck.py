@@ -5,9 +5,11 @@ expressions that can be checked without Spark): ``python pipeline.py`` shows a m
 Under ``flow run`` the same mistake used to wait for the services, the warm driver or
 spark-submit to start: 16 s on a quiet machine, up to 106 s on a loaded one (issue 48). So
 ``flow run`` runs the file itself first, in its own process's interpreter, with
-``run_main`` switched to checking (``checking_only``): the pipeline is built and its run
-arguments parsed, then nothing runs. Only files that call ``run_main`` are checked this way;
-anything else is left to spark-submit, since its module-level code might start Spark.
+``run_main`` switched to checking (``checking_only``): the pipeline is built, its run
+arguments parsed and every location the run writes probed (a streaming checkpoint Spark cannot
+use was refused 72 s in, after the executors started), then nothing runs. Only files that call
+``run_main`` are checked this way; anything else is left to spark-submit, since its
+module-level code might start Spark.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.dataset as pds
 import pyarrow.json as pjson
@@ -50,6 +51,8 @@ class Input:
     close: Callable[[], None] = field(default=lambda: None)
     time_text: frozenset[str] = frozenset()
     """Columns read as text because the reader took them for times (parse them as times)."""
+    notes: Mapping[str, str] = field(default_factory=dict)
+    """Per column: how the reader chose to read it, when it is not what it would have been."""
 
 
 def detect_format(path: Path) -> Format:
@@ -81,16 +84,72 @@ _TYPE_HINT = (
 )
 
 
+_FIELDS_HINT = (
+    "Every line needs as many fields as the first; fix the line, or check the separator "
+    "(--delimiter) and the quoting"
+)
+
+
 def _position(raw: io.BufferedReader, size: int) -> Callable[[], int]:
     # The reader closes a compressed stream's file when it reaches the end.
     return lambda: size if raw.closed else raw.tell()
 
 
+class _BadRows:
+    """A CSV reader's invalid-row handler that keeps the row pyarrow refused, so that the error
+    can name its line: the streaming reader does not know line numbers (``InvalidRow.number``
+    is None), only the text of the row."""
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+
+    def __call__(self, row: pcsv.InvalidRow) -> str:
+        self.text = row.text
+        return "error"
+
+
+def _line_of(path: Path, text: str, first: int) -> int | None:
+    """The number (from 1) of the first line at or after line ``first`` that reads ``text``.
+
+    Only run on the way to an error: it reads the file again, up to that line. A line holds at
+    most one row, so a row that follows ``first - 1`` rows is on line ``first`` or later."""
+    wanted = text.encode().rstrip(b"\r\n")
+    raw, stream = _stream(path)
+    try:
+        reader = io.BufferedReader(stream) if isinstance(stream, pa.NativeFile) else stream
+        for number, line in enumerate(reader, start=1):
+            if number >= first and line.rstrip(b"\r\n") == wanted:
+                return number
+    finally:
+        raw.close()
+    return None
+
+
+def _parse_error(
+    path: Path, exc: pa.ArrowException, bad: _BadRows, rows: int, header: int, hint: str
+) -> LoadError:
+    """The reader's error as a LoadError naming the file's line, when pyarrow refused a row
+    (too few or too many fields), else the rows read before the block that failed."""
+    if bad.text is not None:
+        found = _line_of(path, bad.text, rows + header + 1)
+        where = f"line {found:,}" if found is not None else f"after row {rows:,}"
+        # pyarrow: "CSV parse error: Expected 40 columns, got 38: <the row>"
+        why = str(exc).removeprefix("CSV parse error: ").split(": ", 1)[0]
+        fix = _FIELDS_HINT if hint is _TYPE_HINT else hint
+        return LoadError(f"{path}: {where}: {why} ({bad.text[:80]!r}). {fix}")
+    return LoadError(f"{path}: after row {rows:,}: {exc}. {hint}")
+
+
 def _failing(
-    path: Path, batches: Iterator[pa.RecordBatch], hint: str = _TYPE_HINT
+    path: Path,
+    batches: Iterator[pa.RecordBatch],
+    hint: str = _TYPE_HINT,
+    bad: _BadRows | None = None,
+    header: int = 0,
 ) -> Iterator[pa.RecordBatch]:
-    """``batches``, with the readers' conversion errors (a column typed from the first block
-    that later holds something else) as LoadErrors that say what to change."""
+    """``batches``, with the readers' errors (a column typed from the first block that later
+    holds something else, a CSV line with too few fields) as LoadErrors that say where and
+    what to change."""
     rows = 0
     while True:
         try:
@@ -98,9 +157,59 @@ def _failing(
         except StopIteration:
             return
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise LoadError(f"{path}: after row {rows:,}: {exc}. {hint}") from exc
+            raise _parse_error(path, exc, bad or _BadRows(), rows, header, hint) from exc
         rows += batch.num_rows
         yield batch
+
+
+_INTEGER_TEXT = r"^\s*[+-]?\d+\s*$"
+_WIDE_NOTE = (
+    "integers wider than a long (20 digits): read as text, exact; --type {name}=double reads "
+    "them as rounded numbers"
+)
+
+
+def _with_handler(parse: pcsv.ParseOptions, bad: _BadRows) -> pcsv.ParseOptions:
+    return pcsv.ParseOptions(
+        delimiter=parse.delimiter,
+        quote_char=parse.quote_char,
+        double_quote=parse.double_quote,
+        escape_char=parse.escape_char,
+        newlines_in_values=parse.newlines_in_values,
+        ignore_empty_lines=parse.ignore_empty_lines,
+        invalid_row_handler=bad,
+    )
+
+
+def _wide_integers(
+    path: Path, parse: pcsv.ParseOptions, read: pcsv.ReadOptions, doubles: list[str]
+) -> list[str]:
+    """The columns among ``doubles`` (typed double from the first block) whose values there are
+    all integers: pyarrow reads an integer as double when it is wider than a long (an id of 20
+    digits), which keeps only its first ~16 digits. Found by reading the block again as text."""
+    raw, stream = _stream(path)
+    try:
+        reader = pcsv.open_csv(
+            stream,
+            read_options=read,
+            parse_options=parse,
+            convert_options=pcsv.ConvertOptions(
+                column_types=dict.fromkeys(doubles, pa.string()),
+                include_columns=doubles,
+                strings_can_be_null=True,
+            ),
+        )
+        first = reader.read_next_batch()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, StopIteration):
+        return []  # the real read reports it
+    finally:
+        raw.close()
+    wide = []
+    for name in doubles:
+        values = first.column(name).drop_null()
+        if len(values) and pc.all(pc.match_substring_regex(values, _INTEGER_TEXT)).as_py():
+            wide.append(name)
+    return wide
 
 
 def open_csv(
@@ -112,20 +221,55 @@ def open_csv(
     block_bytes: int = 4 << 20,
     hint: str = _TYPE_HINT,
 ) -> Input:
-    """A delimited text file as record batches (``column_names``: it has no header)."""
-    raw, stream = _stream(path)
-    try:
-        reader = pcsv.open_csv(
-            stream,
-            read_options=pcsv.ReadOptions(block_size=block_bytes, column_names=column_names),
-            parse_options=parse,
-            convert_options=convert,
-        )
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+    """A delimited text file as record batches (``column_names``: it has no header).
+
+    A row pyarrow refuses (too few or too many fields) is an error naming its line. A column of
+    integers too wide for a long, which pyarrow would read as (rounded) doubles, is read as text
+    instead, with a note (:attr:`Input.notes`)."""
+    bad = _BadRows()
+    parse = _with_handler(parse, bad)
+    read = pcsv.ReadOptions(block_size=block_bytes, column_names=column_names)
+    header = 0 if column_names else 1
+
+    def opened() -> tuple[io.BufferedReader, pcsv.CSVStreamingReader]:
+        raw, stream = _stream(path)
+        try:
+            return raw, pcsv.open_csv(
+                stream, read_options=read, parse_options=parse, convert_options=convert
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raw.close()
+            if bad.text is not None:
+                raise _parse_error(path, exc, bad, 0, header, hint) from exc
+            raise LoadError(f"{path}: cannot read it ({exc}). {hint}") from exc
+
+    raw, reader = opened()
+    declared = convert.column_types or {}
+    doubles = [
+        f.name for f in reader.schema if pa.types.is_float64(f.type) and f.name not in declared
+    ]
+    wide = _wide_integers(path, parse, read, doubles) if doubles else []
+    if wide:
         raw.close()
-        raise LoadError(f"{path}: cannot read it ({exc}). {hint}") from exc
+        convert = pcsv.ConvertOptions(
+            column_types={**declared, **dict.fromkeys(wide, pa.string())},
+            null_values=convert.null_values,
+            true_values=convert.true_values,
+            false_values=convert.false_values,
+            strings_can_be_null=convert.strings_can_be_null,
+            quoted_strings_can_be_null=convert.quoted_strings_can_be_null,
+            timestamp_parsers=convert.timestamp_parsers,
+        )
+        raw, reader = opened()
     size = path.stat().st_size
-    return Input(_failing(path, iter(reader), hint), _position(raw, size), size, "bytes", raw.close)
+    return Input(
+        _failing(path, iter(reader), hint, bad, header),
+        _position(raw, size),
+        size,
+        "bytes",
+        raw.close,
+        notes={name: _WIDE_NOTE.format(name=name) for name in wide},
+    )
 
 
 def _csv(path: Path, delimiter: str, types: Mapping[str, pa.DataType], block_bytes: int) -> Input:

@@ -1,9 +1,10 @@
 """A Spark job and its trainer side by side: ``flow run --train "..." pipelines/APP.py``.
 
 The Spark job writes channels while the trainer (``torchrun -m trainers train``, one process
-per rank) follows them. Both nest their MLflow runs under one parent run made here
-(FLOW_PARENT_RUN_ID). When the Spark job ends, the channels the trainer follows are closed, so
-it reads what is left and ends cleanly; the command's exit code is the worse of the two.
+per rank, started through ``trainers.launch`` so that stopping it prints one line) follows
+them. Both nest their MLflow runs under one parent run made here (FLOW_PARENT_RUN_ID). When the
+Spark job ends, the channels the trainer follows are closed, so it reads what is left and ends
+cleanly; the command's exit code is the worse of the two.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class TrainerLaunch:
         )
         rendezvous = ["--standalone", f"--nproc-per-node={processes}"]
         self.argv = [
-            sys.executable, "-m", "torch.distributed.run", *rendezvous,
+            sys.executable, "-m", "trainers.launch", *rendezvous,
             "-m", "trainers", "train", "--config", str(self.file),
         ]  # fmt: skip
 
@@ -219,7 +220,8 @@ def run_together(
 
 
 def _stop(process: subprocess.Popen[bytes], grace_s: float = 60.0) -> int:
-    """Ask the trainer to stop (SIGTERM: torchrun passes it to every rank), then make it."""
+    """Ask the trainer to stop (SIGTERM: torchrun passes it to every rank, whose rank 0 says
+    where it stopped in one line), then make it."""
     process.terminate()
     try:
         return process.wait(timeout=grace_s)

@@ -58,6 +58,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -102,6 +103,7 @@ __all__ = [
     "BATCH_PROPERTY",
     "DEAD_RAW",
     "DEAD_REASON",
+    "LETTERS",
     "OUT_SCHEMA",
     "DimensionsChangedError",
     "InPlanWriter",
@@ -135,6 +137,14 @@ _LETTERS = pa.schema(
 )
 """A batch's dead letters as it keeps them (spark_jobs.live.pending_ledger): the dead-letter table's
 columns but the pipeline, stage and when recorded, which the append adds."""
+_LETTERS_DDL = (
+    "source string, topic string, partition int, offset bigint, kafka_timestamp timestamp, "
+    "key binary, raw binary, reason string"
+)
+""":data:`_LETTERS` as Spark reads them back (given, so reading infers nothing: no job)."""
+LETTERS = "flow-dead-letters"
+"""The checkpoint's folder of the Parquet files a ledger append scans (one a batch, deleted once
+appended)."""
 _KAFKA_US = "_kafka_timestamp_us"
 OUT_SCHEMA = pa.schema(
     [
@@ -271,6 +281,7 @@ class InPlanWriter:
         self._schema: pa.Schema | None = None
         self._meta: ChannelMeta | None = None
         self._restore: dict[str, str | None] = {}
+        self._dead_files = parts.checkpoint.child(LETTERS)
         self.pending = PendingLedger(
             parts.checkpoint.child(PENDING),
             self._append,
@@ -290,6 +301,7 @@ class InPlanWriter:
         """The label join's rows enriched, featurized and written by the stateful stage's tasks:
         a row per shard written and per row that cannot train (the writer tasks' layout)."""
         self.pending.recover()  # what a run before this one kept and did not append
+        self._dead_files.remove()  # an append stopped before it deleted its file left it
         stage, spec = self.stage, self.stage.features
         key = partition_key(stage, events)
         assert key is not None  # unsupported() said so
@@ -390,10 +402,20 @@ class InPlanWriter:
             self.pending.append_soon(batch_id)
 
     def _append(self, batch_id: int, letters: pa.Table, counts: dict[str, int]) -> None:
-        """Append a batch's dead letters (:data:`_LETTERS`) with its counts to the ledger."""
-        dead = self.spark.createDataFrame(letters)
+        """Append a batch's dead letters (:data:`_LETTERS`) with its counts to the ledger.
+
+        The letters go to the write as a Parquet file in the checkpoint (shared storage on a
+        cluster) that its task scans. From a local relation (``createDataFrame``) the task
+        carried every letter, each whole record: with oversized records (64 KiB each) 1.1-5.5 MB
+        sent by the driver every batch ("a task of very large size")."""
+        name = f"{batch_id:020d}.parquet"
+        sink = pa.BufferOutputStream()
+        pq.write_table(letters, sink)
+        self._dead_files.write_bytes(name, sink.getvalue())
+        dead = self.spark.read.schema(_LETTERS_DDL).parquet(f"{self._dead_files.hadoop_uri}/{name}")
         rows = dead_letter_rows(dead, self.parts.pipeline, self.stage.name)
         self.ledger.append(rows, batch_id, counts, few=True)
+        self._dead_files.delete(name)
 
     def _kept(self, batch: DataFrame, threshold_ms: int) -> DataFrame:
         """Of the batch, the writer tasks' rows and the dead records, as dead letters.

@@ -33,6 +33,7 @@ from spark_jobs.joins import enrichment_names
 from spark_jobs.jvm import JavaError
 from spark_jobs.live.batch_facts import events_in_join
 from spark_jobs.live.inplan import InPlanWriter, unsupported
+from spark_jobs.live.lag import LatestOffsets
 from spark_jobs.live.parts import WriterParts
 from spark_jobs.live.plan import LiveQuery, spark_counts_state
 from spark_jobs.live.stream_writer import StreamWriter
@@ -45,6 +46,7 @@ from spark_jobs.stage import Progress, StageRun
 __all__ = [
     "IN_PLAN",
     "QUERY",
+    "VOCABULARIES",
     "WRITER_REASON_TAG",
     "WRITER_TAG",
     "LiveRun",
@@ -77,6 +79,10 @@ def _writer_id(
         checkpoint.write_bytes(marker, uuid.uuid4().hex[:12].encode())
     return f"{pipeline.name}.{stage.name}:{checkpoint.read_bytes(marker).decode().strip()}"
 
+
+VOCABULARIES = "flow-vocabularies"
+"""The fitted vocabularies as Parquet files, in the query's checkpoint, one folder a state
+version (spark_jobs.features.Featurizer)."""
 
 QUERY = "stream"
 """The name of a live stage's query folder in its checkpoint (one query since the intake and
@@ -131,7 +137,13 @@ class LiveRun(StageRun[LiveStage]):
             counts_state=spark_counts_state(self.stage.state_store),
         )
         supervisor = Supervisor(
-            self.stage.name, self.options, self.on_batch, self.progress, self.stop, self.sleep
+            self.stage.name,
+            self.options,
+            self.on_batch,
+            self.progress,
+            self.stop,
+            self.sleep,
+            latest=LatestOffsets(self.stack.kafka),
         )
         try:
             supervisor.run(partial(self.query.start, outputs.checkpoint, writer, watch), watch)
@@ -191,7 +203,11 @@ class LiveRun(StageRun[LiveStage]):
             ledger=BatchLedger(
                 self.spark, outputs.dead_letters, outputs.writer, LEDGER_RETENTION, self.progress
             ),
-            featurizer=Featurizer(self.spark, self.stage.features, state),
+            # The vocabularies as files in the checkpoint (shared storage on a cluster), which
+            # each batch's broadcast scans: from the driver, every batch's tasks carried them.
+            featurizer=Featurizer(
+                self.spark, self.stage.features, state, outputs.checkpoint.child(VOCABULARIES)
+            ),
             dimensions=dimensions,
             progress=self.progress,
         )

@@ -9,7 +9,9 @@ the batch function's own exception where the driver holds it, kept by :func:`rec
 
 :func:`_await` waits on one start of the query: until it ends, fails, ``stop()`` or the deadline,
 stopping it between micro-batches; :func:`_poll` reads each batch's progress once (rows, rates,
-state rows, Kafka lag) into the run's :class:`Watch` and the ``on_batch`` metrics.
+state rows) into the run's :class:`Watch` and the ``on_batch`` metrics, with how far behind the
+stage is once the batch is done (spark_jobs.live.lag: the records past the batch's end offsets on
+the broker, the event-time delay), also one console line a batch.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from pyspark.errors import StreamingQueryException
@@ -29,9 +30,25 @@ from flow.errors import FlowError
 from flow.pipeline.run import RunOptions
 from spark_jobs.failures import root_cause
 from spark_jobs.live.inplan import DimensionsChangedError
+from spark_jobs.live.lag import (
+    Offsets,
+    OffsetsUnknownError,
+    batch_offsets,
+    epoch_seconds,
+    event_time_delay,
+    records_behind,
+)
 from spark_jobs.stage import Progress
 
-__all__ = ["OnBatch", "StreamFailedError", "Supervisor", "Watch", "backoff_s", "recording"]
+__all__ = [
+    "Latest",
+    "OnBatch",
+    "StreamFailedError",
+    "Supervisor",
+    "Watch",
+    "backoff_s",
+    "recording",
+]
 
 OnBatch = Callable[[dict[str, float], int], None]
 """Takes a micro-batch's metrics (or a restart's count) and the batch id they belong to."""
@@ -97,31 +114,64 @@ class Watch:
     whose class Spark's text of it (a traceback) only names."""
 
 
-_LAG_METRICS = {
-    "kafka_lag_max": "maxOffsetsBehindLatest",
-    "kafka_lag_avg": "avgOffsetsBehindLatest",
-}
+Latest = Callable[[list[tuple[str, int]]], Offsets]
+"""The latest offsets of Kafka partitions now (spark_jobs.live.lag.LatestOffsets)."""
 
 
-def _kafka_lag(progress: dict[str, Any]) -> dict[str, float]:
-    """Offsets the batch's Kafka sources were behind the latest, as Spark's Kafka source reports
-    them per partition (max and mean over partitions; the worst topic wins)."""
-    found: dict[str, float] = {}
-    for source in progress.get("sources") or []:
-        metrics = source.get("metrics") or {}
-        for name, key in _LAG_METRICS.items():
-            if key in metrics:
-                found[name] = max(found.get(name, 0.0), float(metrics[key]))
-    return found
+def _behind(
+    progresses: list[dict[str, Any]], latest: Latest | None, progress: Progress
+) -> list[dict[str, float]]:
+    """Each batch's records behind the broker's latest offsets and its event-time delay. The
+    broker is asked once for every batch polled together: a batch polled with a later one is
+    measured a little after it ended (one poll, two seconds at most), which overstates it."""
+    ends = [batch_offsets(p) for p in progresses]
+    now: Offsets = {}
+    partitions = sorted({(t, p) for end in ends for t, parts in end.items() for p in parts})
+    if latest is not None and partitions:
+        try:
+            now = latest(partitions)
+        except OffsetsUnknownError as exc:  # the batch is written: only its lag is unknown
+            progress(f"no Kafka lag for this poll's batches: {exc}")
+    return [
+        records_behind(end, now) | event_time_delay(p)
+        for end, p in zip(ends, progresses, strict=True)
+    ]
 
 
-def _poll(query: StreamingQuery, watch: Watch, on_batch: OnBatch) -> None:
-    for progress in query.recentProgress:
-        data: dict[str, Any] = json.loads(progress.json)
+def _line(batch_id: int, metrics: dict[str, float]) -> str:
+    """A batch's console line: what it read, how long it took, how far behind it left the
+    stage."""
+    said = (
+        f"batch {batch_id}: {metrics['batch_rows_in']:,.0f} records in "
+        f"{metrics['batch_duration_ms'] / 1000:.1f}s"
+    )
+    if "kafka_lag" in metrics:
+        said += (
+            f"; {metrics['kafka_lag']:,.0f} records behind Kafka's latest "
+            f"(at most {metrics['kafka_lag_max']:,.0f} a partition)"
+        )
+    if "event_time_delay_s" in metrics:
+        said += f"; newest event {metrics['event_time_delay_s']:.1f}s old"
+    return said
+
+
+def _poll(
+    query: StreamingQuery,
+    watch: Watch,
+    on_batch: OnBatch,
+    latest: Latest | None = None,
+    progress: Progress = lambda _m: None,
+) -> None:
+    fresh: list[dict[str, Any]] = []
+    for each in query.recentProgress:
+        data: dict[str, Any] = json.loads(each.json)
         key = f"{data['runId'] if 'runId' in data else data['id']}:{data['batchId']}"
-        if key in watch.seen:
-            continue
-        watch.seen.add(key)
+        if key not in watch.seen:
+            watch.seen.add(key)
+            fresh.append(data)
+    if not fresh:
+        return
+    for data, behind in zip(fresh, _behind(fresh, latest, progress), strict=True):
         scanned = int(data["numInputRows"])
         # A batch the writer skipped (a replay) has no count of its own: Spark's is used.
         rows = watch.records_read.pop(int(data["batchId"]), scanned)
@@ -131,35 +181,29 @@ def _poll(query: StreamingQuery, watch: Watch, on_batch: OnBatch) -> None:
             watch.state_rows = sum(int(o["numRowsTotal"]) for o in operators)
         watch.batches += 1
         watch.last_batch = int(data["batchId"])
-        on_batch(
-            {
-                "batch_rows_in": float(rows),
-                # Spark's count, once per scan of a topic in the plan: above batch_rows_in, a
-                # topic was read more than once (the exchange _read_once sets up not reused).
-                "batch_rows_scanned": float(scanned),
-                "batch_input_rows_per_s": float(data.get("inputRowsPerSecond") or 0.0),
-                "batch_processed_rows_per_s": float(data.get("processedRowsPerSecond") or 0.0),
-                "batch_duration_ms": float(data["durationMs"].get("triggerExecution", 0)),
-                # addBatch is the foreachBatch sink; the rest is reading, state and commits.
-                "batch_sink_ms": float(data["durationMs"].get("addBatch", 0)),
-                # Before the batch's jobs: its offsets fixed, its plan made (freshness's
-                # breakdown, benchmarks/freshness.py); and when it started (epoch seconds).
-                "batch_planning_ms": float(sum(data["durationMs"].get(k, 0) for k in _PLANNING)),
-                "batch_started_s": _epoch_seconds(data["timestamp"]),
-                **({} if watch.state_rows is None else {"state_rows": float(watch.state_rows)}),
-                **_kafka_lag(data),
-            },
-            int(data["batchId"]),
-        )
+        metrics = {
+            "batch_rows_in": float(rows),
+            # Spark's count, once per scan of a topic in the plan: above batch_rows_in, a
+            # topic was read more than once (the exchange _read_once sets up not reused).
+            "batch_rows_scanned": float(scanned),
+            "batch_input_rows_per_s": float(data.get("inputRowsPerSecond") or 0.0),
+            "batch_processed_rows_per_s": float(data.get("processedRowsPerSecond") or 0.0),
+            "batch_duration_ms": float(data["durationMs"].get("triggerExecution", 0)),
+            # addBatch is the foreachBatch sink; the rest is reading, state and commits.
+            "batch_sink_ms": float(data["durationMs"].get("addBatch", 0)),
+            # Before the batch's jobs: its offsets fixed, its plan made (freshness's
+            # breakdown, benchmarks/freshness.py); and when it started (epoch seconds).
+            "batch_planning_ms": float(sum(data["durationMs"].get(k, 0) for k in _PLANNING)),
+            "batch_started_s": epoch_seconds(data["timestamp"]),
+            **({} if watch.state_rows is None else {"state_rows": float(watch.state_rows)}),
+            **behind,
+        }
+        progress(_line(watch.last_batch, metrics))
+        on_batch(metrics, watch.last_batch)
 
 
 _PLANNING = ("latestOffset", "getBatch", "queryPlanning", "walCommit")
 """A micro-batch's steps before its jobs (Spark's ``durationMs`` keys)."""
-
-
-def _epoch_seconds(timestamp: str) -> float:
-    """Spark's progress time (``2026-11-28T10:07:30.491Z``) as seconds since the epoch."""
-    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def _failure(query: StreamingQuery, watch: Watch) -> StreamFailedError | None:
@@ -177,25 +221,28 @@ def _await(
     progress: Progress,
     stop: Callable[[], bool],
     deadline: float | None = None,
+    latest: Latest | None = None,
 ) -> None:
     """Wait on ``query`` until it ends, fails, ``stop()`` or ``deadline`` (monotonic; from
-    ``options.duration_s`` from now if not given)."""
+    ``options.duration_s`` from now if not given); each batch's lag from ``latest``."""
     if deadline is None and options.duration_s is not None:
         deadline = time.monotonic() + options.duration_s
     try:
         while query.isActive:
             failed = _failure(query, watch)
             if failed is not None:
-                _poll(query, watch, on_batch)  # the batches it finished before failing
+                _poll(
+                    query, watch, on_batch, latest, progress
+                )  # the batches it finished before failing
                 raise failed
             try:
                 query.awaitTermination(2)
             except StreamingQueryException as error:  # it failed while we waited
-                _poll(query, watch, on_batch)
+                _poll(query, watch, on_batch, latest, progress)
                 raise StreamFailedError.of(
                     query.name or "stream", str(error), watch.batch_error
                 ) from None
-            _poll(query, watch, on_batch)
+            _poll(query, watch, on_batch, latest, progress)
             if deadline is not None and time.monotonic() > deadline:
                 progress(f"duration of {options.duration_s:.0f}s reached; stopping the query")
                 _stop_between_batches(query)
@@ -207,7 +254,7 @@ def _await(
     finally:
         if query.isActive:
             query.stop()
-    _poll(query, watch, on_batch)
+    _poll(query, watch, on_batch, latest, progress)
     failed = _failure(query, watch)
     if failed is not None:
         raise failed
@@ -260,6 +307,9 @@ class Supervisor:
     progress: Progress
     stop: Callable[[], bool]
     sleep: Callable[[float], None] = time.sleep
+    latest: Latest | None = None
+    """The broker's latest offsets, which each batch's lag is measured against (None: no lag
+    reported)."""
 
     def run(self, start: Callable[[], StreamingQuery], watch: Watch) -> None:
         """Run the query ``start()`` starts; when it fails, start it again from its checkpoint
@@ -274,7 +324,14 @@ class Supervisor:
             query = start()
             try:
                 _await(
-                    query, self.options, watch, self.on_batch, self.progress, self.stop, deadline
+                    query,
+                    self.options,
+                    watch,
+                    self.on_batch,
+                    self.progress,
+                    self.stop,
+                    deadline,
+                    self.latest,
                 )
                 return
             except StreamFailedError as failure:

@@ -52,3 +52,22 @@ def test_without_the_trainers_file_only_the_stages_legs_and_the_difference_remai
     assert set(legs) == {*STAGE, "committed_to_trained"}
     assert legs["committed_to_trained"] == {"p50": 2.0}
     assert bench.leg_lines({}) == []
+
+
+def test_compare_prints_both_designs_leg_by_leg_and_the_command_keeps_the_switch(
+    bench: ModuleType,
+) -> None:
+    before = {"breakdown": STAGE, "freshness": {"produced_to_trained": {"p50": 9.5, "p99": 25.5}}}
+    after = {
+        "breakdown": {"waiting": {"p50": 1.0, "p99": 3.0}},
+        "freshness": {"produced_to_trained": {"p50": 2.5, "p99": 8.0}},
+    }
+    lines = bench.compared(before, after)
+    waiting = next(line for line in lines if "waiting for the micro-batch" in line)
+    assert waiting.split()[-6:] == ["4.0", "/", "9.0", "1.0", "/", "3.0"]
+    planning = next(line for line in lines if "planning" in line)
+    assert planning.rstrip().endswith("n/a / n/a")  # the after run had no such leg
+    assert lines[-1].split()[-6:] == ["9.5", "/", "25.5", "2.5", "/", "8.0"]
+    command = bench._command({"seconds": 300.0, "trigger": "0 seconds", "full_batches": True})
+    assert command == "flow bench freshness --seconds 300 --trigger '0 seconds' --full-batches"
+    assert "--full-batches" not in bench._command({"full_batches": False})

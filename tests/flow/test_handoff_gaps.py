@@ -220,10 +220,12 @@ def test_a_channel_written_before_numbering_reads_as_before(tmp_path: Path) -> N
 def follow_reader(
     tmp_path: Path, pause: Callable[[float], None], **options: object
 ) -> ChannelReader:
+    # Full batches, so that what was read before a gap is counted in them.
+    settings: dict[str, object] = {"whole_commits": False, **options}
     return ChannelReader(
         str(tmp_path),
         "live",
-        options=ReadOptions(batch_size=16, follow=True, **options),  # type: ignore[arg-type]
+        options=ReadOptions(batch_size=16, follow=True, **settings),  # type: ignore[arg-type]
         sleep=pause,
     )
 

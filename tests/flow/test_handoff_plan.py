@@ -18,6 +18,7 @@ from flow.handoff.plan import (
     World,
     assign,
     batch_sizes,
+    keep_of,
     rank_totals,
 )
 
@@ -126,6 +127,39 @@ def test_a_followed_channel_keeps_ranks_equal_and_accounts_for_every_row(case: C
     assert undelivered < case.world_size
     for batches, _ in runs:
         assert all(len(b) == case.batch_size for b in batches[:-1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_whole_commits_are_read_commit_by_commit_in_step_on_every_rank(case: Case) -> None:
+    """Following with whole commits: after each commit every rank has yielded the same number
+    of batches and the same number of rows, all of the commit's but at most one row a rank."""
+    world = case.world_size
+    planners = [
+        RankPlanner(r, case.batch_size, case.window_rows, case.seed, case.epoch)
+        for r in range(world)
+    ]
+    trackers = [RowTracker() for _ in range(world)]
+    out: list[list[np.ndarray]] = [[] for _ in range(world)]
+    for ordinal, commit in enumerate(case.commits):
+        before = rank_totals(case.commits[:ordinal], world)
+        after = rank_totals(case.commits[: ordinal + 1], world)
+        spans = assign(commit, world, before=before, seed=case.seed, epoch=case.epoch)
+        for rank in range(world):
+            keep = keep_of(after, rank)
+            assert keep in (0, 1)
+            for window, plans in planners[rank].add(spans[rank], keep):
+                out[rank].extend(trackers[rank].window(window, plans))
+            assert planners[rank].carried == keep
+        assert len({len(mine) for mine in out}) == 1, "ranks out of step"
+        assert {sum(len(b) for b in mine) for mine in out} == {min(after)}
+    for mine in out:
+        assert all(1 <= len(b) <= case.batch_size for b in mine)
+    seen = Counter(k for mine in out for k in keys(mine))
+    assert all(v == 1 for v in seen.values()), "a row was yielded twice"
+    left = sum(p.carried for p in planners)
+    assert sum(seen.values()) + left == case.rows
+    assert left < world
 
 
 @settings(max_examples=60, deadline=None)

@@ -125,6 +125,50 @@ def test_following_reads_commits_as_they_land_and_ends_when_closed(tmp_path: Pat
     assert sorted(got) == written  # one rank: everything, including the last partial batch
 
 
+def test_a_follower_reads_each_commit_whole_before_waiting_for_the_next(tmp_path: Path) -> None:
+    """Whole commits (the default): a commit's rows short of a batch are not kept waiting for
+    the next commit, which at a live stage's trigger would add a trigger to their freshness."""
+    w = Writer(tmp_path, "live", buckets=2)
+    written = w.commit([70, 45])
+    producer = [lambda: written.extend(w.commit([3, 9])), w.channel.close]
+    sizes: list[int] = []
+    read_when_paused: list[int] = []
+
+    def pause(_: float) -> None:
+        read_when_paused.append(sum(sizes))
+        producer.pop(0)()
+
+    options = ReadOptions(batch_size=50, window_rows=80, follow=True)
+    for batch in ChannelReader(str(tmp_path), "live", options=options, sleep=pause):
+        sizes.append(batch.num_rows)
+    assert read_when_paused == [115, 127]  # every row of each commit before the next poll
+    assert sizes == [50, 50, 15, 12]
+    # With full batches, the rows short of one waited: 100 rows, then 127 at the close.
+    reader = ChannelReader(str(tmp_path), "live", options=replace(options, whole_commits=False))
+    assert [len(b) for b in read_ids(reader)] == [50, 50, 27]
+
+
+def test_a_whole_commit_follower_resumes_inside_a_commit(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "live", buckets=3)
+    written = w.commit([70, 45, 33]) + w.commit([21, 5]) + w.commit([64, 1, 90])
+    w.channel.close()
+    options = ReadOptions(batch_size=16, window_rows=40, follow=True)
+    first = ChannelReader(str(tmp_path), "live", options=options)
+    batches = iter(first)
+    read = [i for _ in range(5) for i in next(batches).column("id").to_pylist()]
+    again = ChannelReader(str(tmp_path), "live", options=options)
+    again.load_state_dict(first.state_dict())
+    rest = [i for batch in read_ids(again) for i in batch]
+    assert sorted(read + rest) == written
+    # A cursor of full batches (or of a version before whole commits) resumes only as it was.
+    full = ReadOptions(batch_size=16, window_rows=40, follow=True, whole_commits=False)
+    old = ChannelReader(str(tmp_path), "live", options=full)
+    next(iter(old))
+    with pytest.raises(ConfigError, match="resume with the same channel, world and read"):
+        ChannelReader(str(tmp_path), "live", options=options).load_state_dict(old.state_dict())
+    ChannelReader(str(tmp_path), "live", options=full).load_state_dict(old.state_dict())
+
+
 def test_a_follower_records_when_it_picked_each_commit_up_and_which_a_batch_came_from(
     tmp_path: Path,
 ) -> None:

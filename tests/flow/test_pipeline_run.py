@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,42 @@ def test_a_caller_that_prints_its_own_table_turns_the_drivers_off() -> None:
     quiet = parse_run_args(["--continuous", "--no-summary"], ["backfill", "live"])
     assert not quiet.summary
     assert quiet.mode == "continuous"
+
+
+def _blocker(tmp_path: Path) -> str:
+    """A regular file where a folder should be: unwritable even for root (chmod is not)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    return str(blocker)
+
+
+@pytest.mark.parametrize(
+    ("checkpoints", "says"),
+    [
+        (
+            lambda _: "s3://flow/ck?endpoint_override=127.0.0.1:9&region=x",
+            "Spark cannot read S3 options or credentials written in a URI",
+        ),
+        (lambda _: "s3x://flow/ck", "is not a location this process can open"),
+        (_blocker, "cannot write to"),
+    ],
+    ids=["query-string", "unknown-scheme", "unwritable"],
+)
+def test_flow_run_probes_the_streaming_checkpoint_before_it_starts_anything(
+    tmp_path: Path, checkpoints: Callable[[Path], str], says: str
+) -> None:
+    """A checkpoint location Spark could not use was refused by the query, 72 s in, after the
+    executors had started: now by ``flow run`` at once, naming the setting, services down."""
+    env = {
+        **stack_env_for(tmp_path / "home"),
+        "PYTHONPATH": str(REPO),
+        "FLOW_CHECKPOINTS": checkpoints(tmp_path),
+    }
+    done = run_flow(["run", "pipelines/ctr_streaming.py"], env, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: FLOW_CHECKPOINTS: "), done.stderr
+    assert says in last
+    assert "Traceback" not in done.stderr
+    status = run_flow(["services", "status", "--json"], env)
+    assert {row["state"] for row in json.loads(status.stdout)} == {"stopped"}

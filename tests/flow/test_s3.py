@@ -6,6 +6,8 @@ the executors' environment); the probes run against a real S3-compatible server 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from flow.config import S3Config, StackConfig
@@ -15,7 +17,7 @@ from flow.storage import check_storage, location, namespace_locations
 from spark_jobs.conf import session_conf
 from spark_jobs.submit import submit_options
 from tests.conftest import S3Server
-from tests.support import free_ports, stack_env_for
+from tests.support import REPO, free_ports, run_flow, stack_env_for
 from trainers.checkpoint import Checkpointer
 
 
@@ -170,3 +172,69 @@ def test_trainer_checkpoints_are_saved_resumed_pruned_and_cleared_on_s3(
     checkpoints.clear()
     assert checkpoints.latest() is None
     assert checkpoints.folder.list(folders=True) == []
+
+
+def test_the_checkpoints_setting_is_named_as_the_user_gave_it(tmp_path: object) -> None:
+    """Unset, the checkpoints default beside a remote handoff (or in FLOW_HOME): an error about
+    them says so, and does not blame a FLOW_CHECKPOINTS the user never set as if they had."""
+    assert s3_stack(tmp_path).checkpoints_from == "FLOW_CHECKPOINTS (unset: beside FLOW_HANDOFF)"
+    given = s3_stack(tmp_path, FLOW_CHECKPOINTS="s3://flow/ck")
+    assert given.checkpoints_from == "FLOW_CHECKPOINTS"
+    local = StackConfig.from_env(stack_env_for(tmp_path))  # type: ignore[arg-type]
+    assert local.checkpoints_from == "FLOW_CHECKPOINTS (unset: in FLOW_HOME)"
+
+
+def test_flow_run_finds_a_missing_checkpoint_bucket_before_it_starts_anything(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    env = {
+        **stack_env_for(tmp_path / "home"),
+        **s3_server.env(),
+        "PYTHONPATH": str(REPO),
+        "FLOW_HANDOFF": "s3://flow/handoff",
+        "FLOW_CHECKPOINTS": "s3://no-such-ck/ck",
+    }
+    done = run_flow(["run", "pipelines/ctr_streaming.py"], env, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: FLOW_CHECKPOINTS: cannot write to s3://no-such-ck/ck/ctr/ctr_streaming/live: "
+            f"bucket 'no-such-ck' does not exist at {s3_server.endpoint}"
+        )
+    ), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("where", "blamed"),
+    [
+        # The default checkpoints go beside the handoff, into its missing bucket: the handoff
+        # is what the user gave, and what an error names (it named --checkpoint-dir).
+        ({"FLOW_HANDOFF": "s3://no-such-h/handoff"}, "FLOW_HANDOFF: cannot read s3://no-such-h"),
+        (
+            {"FLOW_HANDOFF": "s3://flow/handoff", "FLOW_CHECKPOINTS": "s3://no-such-ck/ck"},
+            "FLOW_CHECKPOINTS: cannot write to s3://no-such-ck/ck/ctr/trainer/backfill/dlrm-",
+        ),
+    ],
+    ids=["handoff-bucket", "checkpoint-bucket"],
+)
+def test_a_trainer_blames_the_setting_that_chose_the_missing_bucket(
+    s3_server: S3Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    where: dict[str, str],
+    blamed: str,
+) -> None:
+    from flow.training import TrainConfig
+    from trainers.train import train
+
+    for name, value in {**stack_env_for(tmp_path), **s3_server.env(), **where}.items():
+        monkeypatch.setenv(name, value)
+    run = TrainConfig(namespace="ctr", channels=("backfill",), device="cpu", tracking=False)
+    with pytest.raises(ConfigError) as said:
+        train(run.resolved(StackConfig.from_env()), say=lambda _: None)
+    assert str(said.value).startswith(blamed), said.value
+    assert "does not exist" in str(said.value)
+    assert "--checkpoint-dir" not in str(said.value)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from flow.config import StackConfig
 from flow.errors import ConfigError
-from flow.storage import location
+from flow.storage import location, namespace_locations
+from tests.support import stack_env_for
 
 
 def test_a_folder_is_removed_with_everything_in_it_and_a_missing_one_is_left_alone(
@@ -59,3 +61,9 @@ def test_a_read_only_folder_is_unwritable(tmp_path: Path) -> None:
     tmp_path.joinpath("ro").mkdir(mode=0o500)
     with pytest.raises(ConfigError, match="FLOW_FEATURE_STATE: cannot write to"):
         location(str(tmp_path / "ro")).check_writable("FLOW_FEATURE_STATE")
+
+
+def test_a_root_no_filesystem_understands_names_its_setting(tmp_path: Path) -> None:
+    env = {**stack_env_for(tmp_path), "FLOW_FEATURE_STATE": "s3x://bucket/states"}
+    with pytest.raises(ConfigError, match=r"^FLOW_FEATURE_STATE: s3x://bucket/states is not a"):
+        namespace_locations(StackConfig.from_env(env), "ctr")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from flow.training import (
     OptimConfig,
     TrainConfig,
     load_config,
+    location_settings,
     parse_args,
     save_config,
 )
@@ -233,3 +235,16 @@ def test_a_run_without_dynamic_tables_keeps_its_identity() -> None:
     assert (
         "embeddings" in TrainConfig(handoff="/h", channels=("t",), model=table).identity()["model"]
     )
+
+
+def test_a_probe_names_the_options_given_and_the_roots_otherwise(tmp_path: Path) -> None:
+    stack = StackConfig.from_env(stack_env_for(tmp_path))
+    run = TrainConfig(namespace="ctr", channels=("live",))
+    assert location_settings(run.resolved(stack), stack) == (
+        "FLOW_HANDOFF",
+        "FLOW_CHECKPOINTS (unset: in FLOW_HOME)",
+    )
+    named = replace(run, handoff=str(tmp_path / "h"), checkpoint_dir=str(tmp_path / "c"))
+    handoff, checkpoints = location_settings(named.resolved(stack), stack)
+    assert handoff.startswith("--handoff")
+    assert checkpoints == "--checkpoint-dir"

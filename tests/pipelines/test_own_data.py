@@ -23,11 +23,14 @@ from flow.workflows.criteo import (
     INTEGER,
     CriteoOptions,
     import_criteo,
+    recorded_split,
     write_criteo_sample,
 )
 from pipelines.criteo import criteo
 from pipelines.ratings import ratings
 from tests.support import handoff_rows
+
+AT = datetime(2024, 1, 3, tzinfo=UTC)
 
 
 def test_the_ratings_pipeline_reads_what_the_guide_s_load_writes() -> None:
@@ -39,8 +42,8 @@ def test_the_ratings_pipeline_reads_what_the_guide_s_load_writes() -> None:
 
 
 def test_the_criteo_pipeline_splits_its_table_by_time() -> None:
-    at = datetime(2024, 1, 3, tzinfo=UTC)
-    pipeline = criteo(split=at)
+    at = AT
+    pipeline = criteo("criteo.days", split=at)
     before, after = pipeline.sources["days"], pipeline.sources["days_after"]
     assert isinstance(before, IcebergSource)
     assert isinstance(after, IcebergSource)
@@ -55,9 +58,9 @@ def test_the_criteo_pipeline_splits_its_table_by_time() -> None:
 
 
 def test_a_criteo_table_elsewhere_keeps_its_namespace() -> None:
-    assert criteo("ads.criteo").namespace == "ads"
+    assert criteo("ads.criteo", AT).namespace == "ads"
     with pytest.raises(ConfigError, match=r"namespace\.table"):
-        criteo("criteo")
+        criteo("criteo", AT)
 
 
 @pytest.mark.integration
@@ -75,15 +78,17 @@ def test_the_guide_s_criteo_example_trains_and_evaluates_on_the_later_rows(
     options = CriteoOptions(table=table, start=start, rows_per_second=1.0)
     with import_criteo(running_stack, tmp_path / "criteo.txt", options) as load:
         load.write()
-    split = start + timedelta(seconds=3000)  # the first 3,000 rows train, the last 1,000 test
+    # The import's default split, recorded on the table: the first 80% train, the rest test.
+    split = recorded_split(running_stack, table)
+    assert split == start + timedelta(seconds=3200)
     pipeline = criteo(table, split=split)
     train_report, holdout = run_pipeline(pipeline, running_stack, RunOptions(tracking=False))
-    assert (train_report.training_rows, holdout.training_rows) == (3000, 1000)
+    assert (train_report.training_rows, holdout.training_rows) == (3200, 800)
     assert train_report.reconciled
     assert holdout.reconciled
     assert holdout.feature_state == train_report.feature_state  # the state fitted in the run
     handoff = f"{running_stack.handoff}/{pipeline.namespace}"
-    assert handoff_rows(handoff, "test").num_rows == 1000
+    assert handoff_rows(handoff, "test").num_rows == 800
     config = TrainConfig(
         channels=("train",),
         handoff=handoff,
@@ -94,14 +99,14 @@ def test_the_guide_s_criteo_example_trains_and_evaluates_on_the_later_rows(
         checkpoint_dir=str(tmp_path / "checkpoints"),
     )
     result = train(config, say=lambda _: None)
-    assert result.rows == 3000
-    assert result.metrics["count"] == 1000  # evaluated on the later rows, every one
+    assert result.rows == 3200
+    assert result.metrics["count"] == 800  # evaluated on the later rows, every one
     assert sample.clicks > 0
 
     # One transform, two executions: every feature of every row of both channels, matched on
     # the time (one row a second), is what the Python transform makes of the imported row.
     spark = get_session(running_stack, app_name="primus-flow-tests")
-    for channel, rows in (("train", 3000), ("test", 1000)):
+    for channel, rows in (("train", 3200), ("test", 800)):
         check = check_channel(spark, running_stack, pipeline, channel, rows=rows, key="ts")
         print("\n".join(check.lines()))
         assert check.ok, check.lines()

@@ -13,6 +13,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.query import StreamingQuery
 
 from flow.pipeline.run import RunOptions
+from spark_jobs.live.lag import OffsetsUnknownError
 from spark_jobs.live.supervise import StreamFailedError, Supervisor, Watch, _await, backoff_s
 
 
@@ -70,8 +71,19 @@ def batch(batch_id: int, rows: int, state_rows: int, run: str = "r1") -> dict[st
             "queryPlanning": 3,
         },
         "stateOperators": [{"numRowsTotal": state_rows, "numRowsDroppedByWatermark": 0}],
-        "sources": [{"metrics": {"maxOffsetsBehindLatest": "4", "avgOffsetsBehindLatest": "2"}}],
+        # Spark's own lag, at planning, says 0; the broker's latest offsets (LATEST) say more.
+        "sources": [
+            {
+                "endOffset": {"ctr.impressions": {"0": 10 * batch_id, "1": 10 * batch_id}},
+                "metrics": {"maxOffsetsBehindLatest": "0", "avgOffsetsBehindLatest": "0"},
+            }
+        ],
+        "eventTime": {"max": "2026-11-28T10:07:20.530Z", "watermark": "2026-11-28T10:06:20Z"},
     }
+
+
+LATEST = {"ctr.impressions": {0: 14, 1: 10}}
+"""The broker's latest offsets: batch 0 ended 14 + 10 records behind them, batch 1 4 + 0."""
 
 
 def wait(
@@ -87,6 +99,7 @@ def wait(
         lambda metrics, step: batches.append((metrics, step)),
         said.append,
         lambda: stop,
+        latest=lambda partitions: LATEST,
     )
     return watch, batches, said
 
@@ -100,10 +113,48 @@ def test_each_batch_is_reported_once() -> None:
     # What freshness's breakdown reads: the steps before the jobs, and when the batch began.
     assert batches[0][0]["batch_planning_ms"] == 4.0
     assert batches[0][0]["batch_started_s"] == 1795860450.5
-    assert batches[0][0]["kafka_lag_max"] == 4.0
     assert (watch.rows_in, watch.state_rows, watch.batches, watch.last_batch) == (7, 4, 2, 1)
-    assert said == ["asked to stop; stopping the query"]
+    assert said == [
+        "batch 0: 5 records in 0.0s; 24 records behind Kafka's latest (at most 14 a partition); "
+        "newest event 10.0s old",
+        "batch 1: 2 records in 0.0s; 4 records behind Kafka's latest (at most 4 a partition); "
+        "newest event 10.0s old",
+        "asked to stop; stopping the query",
+    ]
     assert query.stopped
+
+
+def test_lag_is_measured_against_the_brokers_latest_offsets_once_the_batch_is_done() -> None:
+    _, batches, _ = wait(StandIn([batch(0, 5, 3), batch(1, 2, 4)]), stop=True)
+    first, second = (metrics for metrics, _ in batches)
+    assert (first["kafka_lag"], first["kafka_lag_max"], first["kafka_lag_avg"]) == (24, 14, 12)
+    assert (second["kafka_lag"], second["kafka_lag_max"], second["kafka_lag_avg"]) == (4, 4, 2)
+    # The batch ended at 10:07:30.530 (it started at .500 and took 30 ms); its newest event
+    # was of 10:07:20.530.
+    assert first["event_time_delay_s"] == pytest.approx(10.0)
+
+
+def test_a_broker_that_does_not_answer_leaves_the_lag_out_in_one_line() -> None:
+    def unknown(partitions: list[tuple[str, int]]) -> dict[str, dict[int, int]]:
+        raise OffsetsUnknownError("Kafka at b:9092 did not give its latest offsets (timeout)")
+
+    said: list[str] = []
+    batches: list[dict[str, float]] = []
+    _await(
+        cast(StreamingQuery, StandIn([batch(0, 5, 3)], active=False)),
+        RunOptions(),
+        Watch(),
+        lambda metrics, step: batches.append(metrics),
+        said.append,
+        lambda: False,
+        latest=unknown,
+    )
+    assert "kafka_lag" not in batches[0]
+    assert batches[0]["event_time_delay_s"] == pytest.approx(10.0)
+    assert said[0] == (
+        "no Kafka lag for this poll's batches: Kafka at b:9092 did not give its latest offsets "
+        "(timeout)"
+    )
 
 
 def test_a_failed_query_is_raised_in_one_line_and_stopped() -> None:
@@ -158,7 +209,10 @@ def test_a_query_that_has_caught_up_ends_the_wait_without_a_stop() -> None:
     query = StandIn([batch(0, 1, 0)], active=False)
     _, batches, said = wait(query, options=RunOptions())
     assert [step for _, step in batches] == [0]
-    assert said == []
+    assert said == [
+        "batch 0: 1 records in 0.0s; 24 records behind Kafka's latest (at most 14 a "
+        "partition); newest event 10.0s old"
+    ]
     assert not query.stopped
 
 
@@ -203,9 +257,10 @@ def test_a_failing_query_is_restarted_from_its_checkpoint_with_backoff() -> None
     run.supervise(watch)
     assert watch.restarts == 2
     assert run.slept == [backoff_s(1), backoff_s(2)] == [2.0, 4.0]
-    assert len(run.said) == 2
-    assert run.said[0].startswith("live: the query failed (org.apache.kafka.common.errors.")
-    assert "restart 1/5 from its checkpoint in 2s" in run.said[0]
+    said = [line for line in run.said if not line.startswith("batch ")]
+    assert len(said) == 2
+    assert said[0].startswith("live: the query failed (org.apache.kafka.common.errors.")
+    assert "restart 1/5 from its checkpoint in 2s" in said[0]
     assert [m for m, _ in run.logged if "restarts" in m] == [{"restarts": 1.0}, {"restarts": 2.0}]
     assert watch.batches == 2  # batches of every run of the query, each once
 

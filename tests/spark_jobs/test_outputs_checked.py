@@ -14,15 +14,14 @@ import pytest
 
 from flow.config import StackConfig
 from flow.pipeline import BackfillStage, HandoffOutput, LiveStage
-from flow.storage import Location
+from flow.pipeline.outputs import Output, stage_outputs
 from pipelines.ctr_backfill import ctr_backfill
 from pipelines.ctr_streaming import ctr_streaming
-from spark_jobs.stage import stage_outputs
 from tests.support import REPO, clean_environ, stack_env_for
 
 
-def settings(paths: list[tuple[Location, str]]) -> list[str]:
-    return [setting for _, setting in paths]
+def settings(outputs: list[Output]) -> list[str]:
+    return [output.setting for output in outputs]
 
 
 def test_each_stage_checks_what_it_writes(tmp_path: Path) -> None:
@@ -31,13 +30,15 @@ def test_each_stage_checks_what_it_writes(tmp_path: Path) -> None:
     stage = backfill.stage("backfill", BackfillStage)
     fitting = stage_outputs(stack, backfill, stage, fits=True)
     assert settings(fitting) == ["FLOW_HANDOFF", "FLOW_FEATURE_STATE", "FLOW_WAREHOUSE"]
-    assert fitting[0][0].uri == f"{stack.handoff}/ctr/backfill"
-    assert fitting[1][0].uri == f"{stack.feature_state}/ctr/{stage.features.name}"
+    assert fitting[0].where.uri == f"{stack.handoff}/ctr/backfill"
+    assert fitting[1].where.uri == f"{stack.feature_state}/ctr/{stage.features.name}"
     assert "FLOW_FEATURE_STATE" not in settings(stage_outputs(stack, backfill, stage, fits=False))
     streaming = ctr_streaming()
     live = stage_outputs(stack, streaming, streaming.stage("live", LiveStage), fits=False)
-    assert settings(live) == ["FLOW_HANDOFF", "FLOW_CHECKPOINTS", "FLOW_WAREHOUSE"]
-    assert live[1][0].uri == f"{stack.home}/checkpoints/ctr/ctr_streaming/live"
+    unset = "FLOW_CHECKPOINTS (unset: in FLOW_HOME)"  # named as the user (did not) set it
+    assert settings(live) == ["FLOW_HANDOFF", unset, "FLOW_WAREHOUSE"]
+    assert live[1].where.uri == f"{stack.home}/checkpoints/ctr/ctr_streaming/live"
+    assert [o.spark_checkpoint for o in live] == [False, True, False]
     elsewhere = replace(backfill, output=HandoffOutput("/x"))
     assert settings(stage_outputs(stack, elsewhere, stage, fits=False))[0] == (
         "HandoffOutput.location"

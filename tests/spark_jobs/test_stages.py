@@ -393,6 +393,33 @@ def test_a_backfill_with_more_dead_letters_than_its_bound_fails_and_writes_nothi
     assert not [f for f in states.rglob("*") if f.is_file()], "nothing was fitted"
 
 
+def test_a_label_of_1_to_5_stops_a_backfill_on_a_sample_before_it_reads_every_row(
+    spark: SparkSession, world: Lake
+) -> None:
+    schema = pa.schema([("user_id", pa.int64()), ("ts", TS), ("label", pa.int64())])
+    world.table(
+        "ratings",
+        [{"user_id": n % 7, "ts": m(n / 60), "label": n % 5 + 1} for n in range(3_000)],
+        schema,
+    )
+    fields = (Field("user_id", "long"), Field("ts", "timestamp"), Field("label", "long"))
+    spec = FeatureSpec("stars", (Hashed("user_id", buckets=16),))
+    pipeline = Pipeline(
+        "stars",
+        world.ns,
+        {"ratings": IcebergSource(f"{world.ns}.ratings", fields, event_time="ts")},
+        (BackfillStage("backfill", events="ratings", features=spec, channel="stars"),),
+    )
+    with pytest.raises(DeadLetterBudgetError) as raised:
+        run_backfill(spark, pipeline, pipeline.stage("backfill", BackfillStage), world.stack)
+    said = str(raised.value)
+    # The sample's count (the first 1,000 rows), not the full count over 3,000.
+    assert said.startswith("backfill: 800 of the first 1,000 labels of ratings (80%) are not 0")
+    assert "Derived('label', 'rating >= 4', type='int')" in said
+    assert "\n" not in said
+    assert not Channel(f"{world.stack.handoff}/{world.ns}", "stars").exists()
+
+
 def test_an_unwritable_handoff_stops_a_backfill_before_it_reads_or_fits(
     spark: SparkSession, world: Lake, tmp_path: Path
 ) -> None:
@@ -624,11 +651,20 @@ def test_a_full_disk_stops_a_live_stage_at_once_and_its_last_line_names_it(
 
 
 def test_a_live_stage_writing_inside_its_plan_reads_each_topic_once_a_batch(
-    spark: SparkSession, live_world: Lake
+    spark: SparkSession, live_world: Lake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With its writes inside the streaming plan (spark_jobs.live.inplan) the stage still reads
     each topic once: Spark's count of the rows it scanned equals the records counted, and the
-    counts reconcile."""
+    counts reconcile. Its dead letters reach the ledger's write from a file, not in the write's
+    task (a local relation: MBs a batch with oversized records)."""
+    appended: list[str] = []
+    append = BatchLedger.append
+
+    def seen(self: BatchLedger, df: DataFrame, *args: Any, **kwargs: Any) -> bool:
+        appended.append(str(executed_plan(df).toString()))
+        return append(self, df, *args, **kwargs)
+
+    monkeypatch.setattr(BatchLedger, "append", seen)
     world = live_world
     pipeline = world.pipeline()
     stage = pipeline.stage("live", LiveStage)
@@ -648,6 +684,8 @@ def test_a_live_stage_writing_inside_its_plan_reads_each_topic_once_a_batch(
     scanned = sum(b.get("batch_rows_scanned", 0.0) for b in batches)
     assert scanned == 4, f"Spark read {scanned} rows for 4 records: a topic was read twice"
     assert (report.events_input, report.labels_input, report.events_dead) == (3, 1, 1)
+    assert appended
+    assert not [plan for plan in appended if "LocalTableScan" in plan], appended
     assert report.reconciled
 
 

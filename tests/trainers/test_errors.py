@@ -51,7 +51,7 @@ def test_a_missing_channel_is_one_line(tmp_path: Path) -> None:
 def test_an_unwritable_checkpoint_folder_is_refused_before_reading(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")  # a folder under a file cannot be made, even by root
-    # No channel exists either: the checkpoint folder is checked first.
+    # No channel exists either: the checkpoint folder is checked before waiting for one.
     cfg = TrainConfig(
         channels=("train",),
         handoff=str(tmp_path / "no-handoff"),

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import torch
 
 from flow.errors import ConfigError
 from flow.handoff import Channel, World
+from flow.handoff.audit import prove_channel, read_audit
 from flow.training import ModelConfig, OptimConfig, TrainConfig, fingerprint
 from tests.support import REPO
 from tests.trainers.channels import write, write_delayed
@@ -52,8 +54,10 @@ def config(root: Path, **changes: object) -> TrainConfig:
     return TrainConfig(**given)  # type: ignore[arg-type]
 
 
-def audit(folder: Path) -> np.ndarray:
-    return np.concatenate([np.load(f) for f in sorted(folder.glob("rank-0-*.npy"))])
+def audit(folder: Path, rank: int = 0) -> np.ndarray:
+    """The row ids (or, a channel without a key, fingerprints) rank ``rank`` read, in order."""
+    ids: np.ndarray = read_audit(folder, rank).column("row_id").to_numpy()
+    return ids
 
 
 def test_training_learns_the_planted_signal_and_reports_it(tmp_path: Path) -> None:
@@ -187,7 +191,7 @@ def test_two_ranks_under_torchrun_see_disjoint_equal_shares(tmp_path: Path) -> N
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOW_HOME": str(tmp_path / "home")}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = [np.load(next(audit_dir.glob(f"rank-{r}-*.npy"))) for r in range(2)]
+    ranks = [audit(audit_dir, r) for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == total // 2
     assert not set(ranks[0].tolist()) & set(ranks[1].tolist())
     assert len(set(ranks[0].tolist()) | set(ranks[1].tolist())) == total
@@ -232,13 +236,14 @@ def test_channels_read_in_order_open_when_reached_even_if_created_later(
 @pytest.mark.slow
 @pytest.mark.faults
 def test_a_trainer_killed_mid_run_continues_from_its_checkpoint_exactly(tmp_path: Path) -> None:
-    write(tmp_path, "train", [40_000, 40_000], buckets=4)
+    # Rows with a key (the impression id), which the audit names them by.
+    write_delayed(tmp_path, "train", "window", 80_000, oracle=False)
     whole = tmp_path / "whole"
     train(config(tmp_path, audit_dir=whole, checkpoint_dir=tmp_path / "a", batch_size=64,
                  model=ModelConfig("wide_deep", embedding_dim=4, hidden=(8,))),
           say=lambda _: None)  # fmt: skip
     expected = audit(whole)
-    checkpoints, resumed = tmp_path / "b", tmp_path / "resumed"
+    checkpoints, audited = tmp_path / "b", tmp_path / "audited"
     command = [
         sys.executable, "-m", "trainers", "train", "--handoff", str(tmp_path),
         "--channel", "train", "--batch-size", "64", "--window-batches", "4", "--device", "cpu",
@@ -246,6 +251,7 @@ def test_a_trainer_killed_mid_run_continues_from_its_checkpoint_exactly(tmp_path
         "--lr", "0.01", "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "5",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOW_HOME": str(tmp_path / "home")}
+    command += ["--audit-dir", str(audited)]
     first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (checkpoints / "latest").exists() or int((checkpoints / "latest").read_text()) < 20:
@@ -255,10 +261,16 @@ def test_a_trainer_killed_mid_run_continues_from_its_checkpoint_exactly(tmp_path
     first.kill()  # SIGKILL: no chance to save anything more
     first.wait()
     step = int((checkpoints / "latest").read_text())
-    done = subprocess.run([*command, "--audit-dir", str(resumed)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    channel = Channel(str(tmp_path), "train")
+    killed = prove_channel(channel, audited)  # the dead run's reads, from its audit alone
+    assert killed.read >= step * 64, killed.lines()
+    assert not killed.duplicates, killed.lines()
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert np.array_equal(audit(resumed), expected[step * 64 :])
+    # The killed run's reads and the resumed run's: the uninterrupted run's rows, in its order.
+    assert np.array_equal(audit(audited), expected)
+    assert prove_channel(channel, audited).exactly_once
 
 
 class RecordingRun:
@@ -459,3 +471,48 @@ def test_a_run_of_other_effective_settings_trains_in_its_own_folder_and_says_so(
     result = train(several, say=said.append)
     assert result.resumed_from is None
     assert any("none yet" in s and "1 run(s) of other settings beside it" in s for s in said), said
+
+
+def _readme_torchrun() -> list[str]:
+    """The README's torchrun line, as printed (its words after ``torchrun``)."""
+    line = next(
+        raw.strip()
+        for raw in (REPO / "README.md").read_text().splitlines()
+        if raw.strip().startswith(".venv/bin/torchrun ")
+    )
+    return line.split()[1:]
+
+
+@pytest.mark.slow
+def test_the_readme_torchrun_line_trains_after_a_finished_one_rank_run(tmp_path: Path) -> None:
+    """A finished 1-rank run in the default checkpoint folder refused the README's 2-rank line
+    ("has finished ... or --fresh", then torchrun's traceback): it is another run (another
+    global batch), which now trains from scratch in its place and says so. The same number of
+    ranks again is still refused: that run has nothing left to train."""
+    home = tmp_path / "home"
+    write(home / "handoff" / "ctr", "backfill", [1500, 1100], buckets=4)
+    Channel(str(home / "handoff" / "ctr"), "backfill").close()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOW_HOME": str(home)}
+    # No MLflow server here: the runs are untracked, on the CPU; nothing else is added.
+    local = ["--no-tracking", "--device", "cpu"]
+    words = _readme_torchrun()
+    assert words[words.index("-m") + 1 :][:2] == ["trainers", "train"]
+    one = [sys.executable, "-m", "trainers", *words[words.index("-m") + 2 :], *local]
+    two = [sys.executable, "-m", "torch.distributed.run", *words, *local]
+
+    def run(command: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+
+    first = run(one)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = run(two)
+    said = second.stdout + second.stderr
+    assert second.returncode == 0, said[-3000:]
+    assert "Traceback" not in said
+    assert re.search(r"finished at step \d+ on 1 rank\(s\)", said), said[-3000:]
+    assert "2 rank(s) train another run from scratch" in said
+    again = run(two)
+    assert again.returncode == 1
+    assert "has finished at step" in again.stdout + again.stderr

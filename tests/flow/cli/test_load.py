@@ -58,6 +58,14 @@ def test_a_generated_criteo_file_imports(tmp_path: Path) -> None:
     done = runner.invoke(main, [*args, *when], env=env)
     assert done.exit_code == 0, done.output
     assert "500 rows into criteo.days" in said(done.output)
+    assert "(--split-at 0.8): 400 rows train, 100 test" in said(done.output)
+    at = ["--split-at", "2024-01-01T00:05:00Z"]
+    done = runner.invoke(main, [*args, "--replace", *when, *at], env=env)
+    assert done.exit_code == 0, done.output
+    assert "300 rows train, 200 test" in said(done.output)
+    done = runner.invoke(main, [*args, "--replace", *when, "--split-at", "2"], env=env)
+    assert done.exit_code == 1
+    assert "between 0 and 1" in done.output
     bad = runner.invoke(
         main, [*args, "--replace", "--start", "yesterday", "--rows-per-second", "1"], env=env
     )

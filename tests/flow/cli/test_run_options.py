@@ -9,7 +9,15 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from flow.cli import main
 from flow.cli.jobs import own_options_first, run, submit
+from flow.config import StackConfig
+from flow.training import parse_args
+from flow.workflows.precheck import pipeline_app
+from tests.support import REPO, doc_commands
+
+PRODUCTION = REPO / "docs" / "production.md"
+WORKED = "## Worked example: MinIO (or any S3-compatible server) and a standalone cluster"
 
 APP = "pipelines/ctr_streaming.py"
 
@@ -83,3 +91,76 @@ def test_help_shows_app_and_where_the_options_go() -> None:
     assert "[SPARK-SUBMIT OPTIONS] APP [APP ARGS]..." in shown
     assert "anywhere before APP" in shown
     assert "ARGV" not in shown
+
+
+def _parsed(args: list[str]) -> tuple[click.Command, dict[str, Any]]:
+    """The command ``flow ARGS`` runs and its parameters, through the real CLI's parsing
+    (click's, with :func:`own_options_first` for the Spark commands): nothing runs."""
+    command: click.Command = main
+    context = click.Context(main, info_name="flow")
+    rest = list(args)  # the page gives the group no options of its own (--debug)
+    while isinstance(command, click.Group):
+        name, found, rest = command.resolve_command(context, rest)
+        assert found is not None, f"flow has no command {name!r}"
+        command, context = found, click.Context(found, info_name=name, parent=context)
+    return command, command.make_context(context.info_name, rest, parent=context.parent).params
+
+
+def test_every_command_of_the_production_page_parses_as_printed() -> None:
+    """What the page prints is what a user pastes: ``flow run --master ... --train ...`` once
+    sent --train to spark-submit ("Unrecognized option"). Every ``flow`` line parses here with
+    the real parser, its trainer settings and its pipeline file too, and the exports make a
+    stack with the checkpoints where the page says. The lines run, as printed, on a standalone
+    cluster and an S3 server in tests/cluster (marked cluster: not in the unit run)."""
+    commands = doc_commands(PRODUCTION, WORKED)
+    env: dict[str, str] = {}
+    flows = []
+    for words in commands:
+        if words[0] == "export":
+            env.update(dict(word.split("=", 1) for word in words[1:]))
+        elif words[0] == ".venv/bin/flow":
+            flows.append(words[1:])
+        else:
+            assert words[:2] == ["aws", "--endpoint-url"], words  # the buckets, made by hand
+    stack = StackConfig.from_env(env)
+    assert stack.checkpoints == "s3://flow/checkpoints"  # "beside the handoff", as it says
+    assert len(flows) == 6
+    for args in flows:
+        command, params = _parsed(args)
+        if command in (run, submit):
+            argv = list(params["argv"])
+            found = pipeline_app(argv)
+            assert found is not None, argv
+            assert (REPO / found[0]).is_file()
+            before_app = argv[: argv.index(str(found[0]))]
+            assert before_app == ["--master", "spark://HOST:7077"], argv  # spark-submit's only
+        if command is run:
+            trainer = parse_args(params["train_args"].split(), prog="flow run --train")
+            assert (trainer.namespace, trainer.channels, trainer.max_steps) == (
+                "ctr",
+                ("live",),
+                50,
+            )
+
+
+def test_the_compose_lines_of_the_production_page_parse_as_printed() -> None:
+    """The compose section's ``flow`` lines, and those its ``driver`` container runs (its
+    entrypoint is ``flow``), parse with the real command line; ``docker compose up`` needs an
+    engine, which no test here has (tests/docker checks the file)."""
+    parsed = []
+    for words in doc_commands(PRODUCTION, "## The compose stack (`docker/compose.yaml`)"):
+        if words[0] == ".venv/bin/flow":
+            args = words[1:]
+        elif words[:2] == ["docker", "compose"] and "run" in words:
+            after = words[words.index("run") + 1 :]
+            assert after[:2] == ["--rm", "driver"], words
+            args = after[2:]
+        else:
+            continue
+        command, params = _parsed(args)
+        parsed.append(command.name)
+        if command is submit:
+            found = pipeline_app(list(params["argv"]))
+            assert found is not None
+            assert (REPO / found[0]).is_file()
+    assert parsed == ["check", "history", "submit"]

@@ -17,6 +17,7 @@ from flow.workflows.criteo import (
     INTEGER,
     CriteoOptions,
     import_criteo,
+    recorded_split,
     write_criteo_sample,
 )
 from tests.support import stack_env_for
@@ -86,3 +87,78 @@ def test_an_event_time_needs_both_its_start_and_its_spacing() -> None:
         CriteoOptions("criteo.days", start=START)
     with pytest.raises(ConfigError, match=r"has no zone"):
         CriteoOptions("criteo.days", start=datetime(2024, 1, 1), rows_per_second=1)
+
+
+def test_a_short_line_is_named_by_its_line_number(stack: StackConfig, tmp_path: Path) -> None:
+    path = tmp_path / "cut.txt"
+    write_criteo_sample(path, 2_000, seed=2)
+    lines = path.read_text().splitlines(keepends=True)
+    lines[1_500] = "\t".join(lines[1_500].split("\t")[:38]) + "\n"
+    path.write_text("".join(lines))
+    with pytest.raises(LoadError, match=r"cut.txt: line 1,501: Expected 40 columns, got 38"):
+        imported(stack, path, CriteoOptions("criteo.cut", file_rows=500))
+    assert not open_catalog(stack.catalog).table_exists("criteo.cut")
+
+
+@pytest.mark.parametrize(
+    ("split_at", "train"),
+    [
+        (None, 800),  # the default: the first 80% of the rows
+        (0.25, 250),
+        (START + timedelta(seconds=300), 600),  # two rows a second
+    ],
+)
+def test_the_train_test_split_is_recorded_on_the_table_for_any_file_size(
+    stack: StackConfig, tmp_path: Path, split_at: datetime | float | None, train: int
+) -> None:
+    write_criteo_sample(tmp_path / "small.txt", 1_000, seed=6)
+    options = CriteoOptions("criteo.days", start=START, rows_per_second=2, split_at=split_at)
+    opened = import_criteo(stack, tmp_path / "small.txt", options)
+    try:
+        report = opened.write()
+    finally:
+        opened.close()
+    assert f"{train:,} rows train, {1_000 - train:,} test" in report.message
+    split = recorded_split(stack, "criteo.days")
+    times = open_catalog(stack.catalog).load_table("criteo.days").scan().to_arrow()["ts"]
+    assert sum(t < split for t in times.to_pylist()) == train
+
+
+def test_a_split_with_nothing_on_one_side_writes_nothing(
+    stack: StackConfig, tmp_path: Path
+) -> None:
+    write_criteo_sample(tmp_path / "small.txt", 1_000, seed=6)
+    late = START + timedelta(days=1)  # after the last of 1,000 rows at one a second
+    options = CriteoOptions("criteo.days", start=START, rows_per_second=1, split_at=late)
+    with pytest.raises(LoadError, match=r"puts all of the 1,000 rows before it"):
+        imported(stack, tmp_path / "small.txt", options)
+    assert not open_catalog(stack.catalog).table_exists("criteo.days")
+    with pytest.raises(ConfigError, match=r"records no train/test split|does not exist"):
+        recorded_split(stack, "criteo.days")
+
+
+def test_a_split_needs_event_times_and_a_share_between_0_and_1() -> None:
+    with pytest.raises(ConfigError, match=r"--split-at splits the rows by event time"):
+        CriteoOptions("criteo.days", split_at=0.8)
+    with pytest.raises(ConfigError, match=r"between 0 and 1"):
+        CriteoOptions("criteo.days", start=START, rows_per_second=1, split_at=1.5)
+
+
+def test_an_append_keeps_the_table_s_split_unless_given_one(
+    stack: StackConfig, tmp_path: Path
+) -> None:
+    write_criteo_sample(tmp_path / "a.txt", 1_000, seed=6)
+    first = CriteoOptions("criteo.days", start=START, rows_per_second=1)
+    imported(stack, tmp_path / "a.txt", first)
+    split = recorded_split(stack, "criteo.days")
+    assert split == START + timedelta(seconds=800)
+    later = START + timedelta(seconds=1_000)
+    more = CriteoOptions("criteo.days", start=later, rows_per_second=1, mode="append")
+    imported(stack, tmp_path / "a.txt", more)
+    assert recorded_split(stack, "criteo.days") == split
+    given = later + timedelta(seconds=500)
+    again = CriteoOptions(
+        "criteo.days", start=later, rows_per_second=1, mode="append", split_at=given
+    )
+    imported(stack, tmp_path / "a.txt", again)
+    assert recorded_split(stack, "criteo.days") == given

@@ -4,6 +4,7 @@ with the column, the row, the value and the option to change; a failed load chan
 
 from __future__ import annotations
 
+import gzip
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -323,3 +324,42 @@ def test_an_append_adds_new_columns_only_when_told_and_a_failed_one_adds_none(
     assert rows(stack) == [{"id": 1, "extra": None}, {"id": 2, "extra": "x"}]
     with pytest.raises(ConfigError, match=r"--add-columns .* with --append"):
         LoadOptions("mine.events", add_columns=True)
+
+
+@pytest.mark.parametrize("name", ["short.csv", "short.csv.gz"])
+def test_a_line_with_too_few_fields_is_named_by_its_line_number(
+    stack: StackConfig, tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / name
+    # Blocks of 16 KiB: the short line is in a later block than the first.
+    text = "a,b,c\n" + "1,2,3\n" * 20_000 + "7,8\n" + "4,5,6\n"
+    if name.endswith(".gz"):
+        with gzip.open(path, "wt") as out:
+            out.write(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(LoadError, match=r"line 20,002: Expected 3 columns, got 2 \('7,8'\)"):
+        load(stack, path, block_bytes=16 * 1024)
+    assert not open_catalog(stack.catalog).table_exists("mine.events")
+
+
+def test_ids_wider_than_a_long_are_kept_exact_as_text_with_a_note(
+    stack: StackConfig, tmp_path: Path
+) -> None:
+    path = tmp_path / "ids.csv"
+    ids = [18446744073709551615, 12345678901234567891, 7]
+    path.write_text("id,n\n" + "".join(f"{i},{k}\n" for k, i in enumerate(ids)))
+    opened = load_file(stack, path, LoadOptions("mine.events"))
+    try:
+        (column,) = [c for c in opened.plan.columns if c.name == "id"]
+        assert (column.table_type, column.field_type) == ("string", "string")
+        assert "--type id=double" in column.note
+        opened.write()
+    finally:
+        opened.close()
+    assert sorted(str(r["id"]) for r in rows(stack)) == sorted(str(i) for i in ids)
+    # A column of true decimals stays a double.
+    decimals = tmp_path / "decimals.csv"
+    decimals.write_text("x\n1.5\n2\n")
+    load(stack, decimals, table="mine.decimals")
+    assert [r["x"] for r in rows(stack, "mine.decimals")] == [1.5, 2.0]
