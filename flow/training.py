@@ -240,6 +240,11 @@ regression where one pass did not; one pass over the rows gains nothing from it 
 docs/trainers.md, "Models against baselines")."""
 
 
+DEFAULT_EARLY_STOP = 2
+"""Evaluations without improvement a run with an eval channel waits for by default: one bad
+epoch can be noise, two in a row rarely are (issue 48, "defaults that learn")."""
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """How to optimize a CTR model: its embedding tables and its dense layers."""
@@ -326,7 +331,10 @@ class TrainConfig:
     eval_channel: str | None = None
     """Held-out rows for AUC and log loss; without one, progressive validation only (each batch
     is scored before the model trains on it)."""
-    batch_size: int = 4096
+    batch_size: int | None = None
+    """Rows a step. None: derived from the training rows (``flow.train_defaults``): the largest
+    power of two giving at least 300 steps an epoch, 32 to 4,096; 4,096 when the rows are not
+    known ahead (``--follow``). The trainer prints how it chose."""
     window_batches: int = 16
     """Batches shuffled together (the reader's window)."""
     seed: int = 0
@@ -362,7 +370,8 @@ class TrainConfig:
     report and export the best model seen (its weights are kept in ``best/`` of the checkpoint
     folder). Evaluations come every ``eval_every`` steps, or at the end of each epoch without
     it: ``--epochs 20 --early-stop 2`` lets the eval channel choose the number of epochs.
-    Needs ``eval_channel`` or ``holdout_share``."""
+    Needs ``eval_channel`` or ``holdout_share``. None: 2 when ``eval_channel`` is given (and
+    the run can evaluate: not ``--follow`` without ``--eval-every``), else off; 0: off."""
     early_stop_on: EarlyStopOn = "auc"
     """The evaluation figure early stopping follows: ``auc`` (higher is better) or
     ``logloss`` (lower is better)."""
@@ -437,7 +446,7 @@ class TrainConfig:
             raise ConfigError(
                 f"--mix names {sorted(self.mix)} but the channels are {sorted(self.channels)}"
             )
-        if self.batch_size < 2 or self.window_batches < 2:
+        if (self.batch_size is not None and self.batch_size < 2) or self.window_batches < 2:
             raise ConfigError("batch size and window (in batches) must be at least 2")
         if not 0 <= self.holdout_share < 1:
             raise ConfigError(f"--holdout-share {self.holdout_share}: give a share in [0, 1)")
@@ -476,12 +485,12 @@ class TrainConfig:
     def _check_early_stop(self) -> None:
         if self.early_stop_on not in get_args(EarlyStopOn):
             raise ConfigError(f"--early-stop-on {self.early_stop_on!r}: use auc or logloss")
-        if self.early_stop is None:
+        if self.early_stop is None or self.early_stop == 0:
             return
-        if isinstance(self.early_stop, bool) or self.early_stop < 1:
+        if isinstance(self.early_stop, bool) or self.early_stop < 0:
             raise ConfigError(
                 f"--early-stop {self.early_stop}: give the evaluations without improvement to "
-                "wait for (1 or more)"
+                "wait for (1 or more), or 0 for none"
             )
         if not self.eval_channel and not self.holdout_share:
             raise ConfigError(
@@ -524,6 +533,27 @@ class TrainConfig:
         return self.handoff
 
     @property
+    def batch(self) -> int:
+        """The batch size, once given or derived (``flow.train_defaults.with_batch_size``)."""
+        if self.batch_size is None:
+            raise ConfigError(
+                "TrainConfig.batch_size is not derived yet: give --batch-size, or call "
+                "flow.train_defaults.with_batch_size(config) first"
+            )
+        return self.batch_size
+
+    @property
+    def effective_early_stop(self) -> int | None:
+        """``early_stop`` with its default resolved: on (patience
+        :data:`DEFAULT_EARLY_STOP`) when an eval channel is given, so the model a run keeps is
+        the one its evaluation rows liked best; None when off."""
+        if self.early_stop is not None:
+            return self.early_stop or None
+        if self.eval_channel and (self.eval_every or not self.follow):
+            return DEFAULT_EARLY_STOP
+        return None
+
+    @property
     def effective_optim(self) -> OptimConfig:
         """``optim`` with the embedding L2 default resolved (an explicit penalty wins): see
         :data:`SEVERAL_PASSES_EMBEDDING_L2`. Following reads each row once."""
@@ -557,7 +587,14 @@ class TrainConfig:
         run = replace(self, handoff=self.handoff or where.handoff.uri)
         if run.checkpoint_dir is not None:
             return run
-        own = f"{run.model.name}-{fingerprint(run.identity())}"
+        from flow.train_defaults import with_batch_size
+
+        # Named by the settings the trainer will use: a derived batch size is one of them.
+        try:
+            sized, _ = with_batch_size(run)
+        except OSError:  # an unreachable handoff: the trainer says so, naming the setting
+            sized = run
+        own = f"{run.model.name}-{fingerprint(sized.identity())}"
         folder = where.checkpoints.child("trainer", "-".join(self.channels), own)
         return replace(run, checkpoint_dir=folder.uri)
 

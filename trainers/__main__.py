@@ -111,10 +111,14 @@ def headline(result: TrainResult, result_file: Path | None) -> str:
     figures = [f"{result.steps:,} steps", f"{result.rows:,} rows"]
     if result.seconds:
         figures.append(f"{result.samples_per_s:,.0f} samples/s")
-    for name in ("eval_auc", "run_progressive_auc"):
-        if name in result.metrics:
-            figures.append(f"{name.replace('run_', '')} {result.metrics[name]:.4f}")
-            break
+    if "auc" in result.metrics:  # the evaluation of the model the run keeps (issue 48)
+        kept = result.best_step if result.best_step is not None else result.steps
+        figures.append(f"eval AUC {result.metrics['auc']:.4f} (the model of step {kept:,})")
+    else:
+        for name in ("eval_auc", "run_progressive_auc"):
+            if name in result.metrics:
+                figures.append(f"{name.replace('run_', '')} {result.metrics[name]:.4f}")
+                break
     said = "trainer: done, " + ", ".join(figures)
     if result.run_id:
         said += f"; MLflow run {result.run_id}"

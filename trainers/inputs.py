@@ -63,8 +63,8 @@ def reader_for(
     buckets: frozenset[int] | None = None,
 ) -> Any:
     options = ReadOptions(
-        batch_size=config.batch_size,
-        window_rows=config.batch_size * config.window_batches,
+        batch_size=config.batch,
+        window_rows=config.batch * config.window_batches,
         shuffle=train,
         seed=config.seed,
         follow=config.follow and train,

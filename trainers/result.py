@@ -13,6 +13,7 @@ and ``ready_to_trained_p50_s.<channel>`` (per batch: see :func:`trainer_legs`), 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FRESHNESS", "LEGS", "Since", "TrainResult", "final_metrics", "freshness_legs",
-    "freshness_series", "leg_quantile", "summary_lines", "trainer_legs",
+    "freshness_series", "headline", "leg_quantile", "summary_lines", "trainer_legs",
 ]  # fmt: skip
 
 Since = Literal["event", "produced"]
@@ -273,6 +274,21 @@ def _figures(scores: dict[str, float]) -> str:
     if scores.get("oracle_missing"):
         parts.append(f"{scores['oracle_missing']:,.0f} rows without an oracle value")
     return f"{scores['count']:,.0f} rows: " + ", ".join(parts)
+
+
+def headline(scores: dict[str, float], result: TrainResult) -> str:
+    """The run's evaluation figures in one line, last: the figures of the model it keeps."""
+    kept = result.best_step if result.best_step is not None else result.steps
+    which = (
+        f"step {kept} of {result.steps}, the best evaluated, kept"
+        if kept != result.steps
+        else f"step {kept}, the model kept"
+    )
+    return (
+        f"evaluation: AUC {scores.get('auc', math.nan):.4f}, "
+        f"log loss {scores.get('logloss', math.nan):.4f}, "
+        f"calibration {scores.get('calibration', math.nan):.3f} ({which})"
+    )
 
 
 SHOWN_WINDOWS = 12

@@ -33,6 +33,7 @@ from flow.handoff import Channel
 from flow.handoff.audit import AuditWriter, key_row_ids
 from flow.storage import Location, setting_location
 from flow.tracking import Run
+from flow.train_defaults import with_batch_size
 from flow.training import TrainConfig, fingerprint, location_settings
 from trainers.checkpoint import Checkpointer, differences
 from trainers.data import NO_TIME
@@ -210,6 +211,10 @@ class Session:
             self.checkpoints.clear()
         torch.manual_seed(config.seed)
         wait_for(config, self.say)
+        config, derived = with_batch_size(config)  # the channels exist now: their rows are known
+        self.config = config
+        if derived:
+            self.say(derived)
         self.layout = layout_of(config)
         self.model: CTRModel = build_model(config.model, self.layout).to(self.device)
         if config.cuda_graph and (self.device.type != "cuda" or self.world.world_size > 1):
@@ -223,14 +228,15 @@ class Session:
         self._graphs: dict[tuple[str, tuple[str, ...]], GraphedStep[tuple[torch.Tensor, ...]]] = {}
         """The captured steps of ``--cuda-graph``, by loss correction and batch columns."""
         self.clip = CowClip.from_config(config.optim)
+        patience = config.effective_early_stop
         self.early = (
             EarlyStop(
-                config.early_stop,
+                patience,
                 config.early_stop_on,
                 self.checkpoints.folder if self.checkpoints else None,
                 writer=self.leader,
             )
-            if config.early_stop
+            if patience
             else None
         )
         """Early stopping on the evaluation rows (``--early-stop``), or None."""

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
 
 from flow.handoff import Channel
 from flow.tracking import MlflowTracker, NullTracker, ResilientRun, Tracker
-from flow.training import TrainConfig
+from flow.training import TrainConfig, config_to_dict
 from trainers.lifecycle import LauncherGone, Stopped, received
 from trainers.lineage import log_lineage
 from trainers.promote import Decision, decide, promote, tag_version, version_tags
@@ -36,6 +36,7 @@ from trainers.result import (
     final_metrics,
     freshness_legs,
     freshness_series,
+    headline,
     summary_lines,
 )
 from trainers.session import Exported, Session, export_model
@@ -119,7 +120,7 @@ def _train(session: Session, config: TrainConfig, tracking_uri: str | None) -> T
         else tracker.pipeline_run("trainer", params={"channels": ",".join(config.channels)})
     )
     with parent, tracker.stage("train") as stage, ResilientRun(stage, session.say) as run:
-        run.log_params(_params(config, session))
+        run.log_params(_params(session.config, session))
         session.run_id = stage.run_id
         result.resumed_from = session.resume()
         session.run(run, result)
@@ -164,6 +165,10 @@ def _train(session: Session, config: TrainConfig, tracking_uri: str | None) -> T
             if scores:
                 result.metrics = scores
                 evaluation.log_metrics(scores, step=result.steps)
+                # The train run's last eval_* are the kept model's (early stopping may keep an
+                # earlier one than the last evaluated), so both runs report the same figures.
+                run.log_metrics({f"eval_{k}": v for k, v in scores.items()}, step=result.steps)
+                session.say(headline(scores, result))
             if config.promote_margin is not None:
                 result.decision = _promotion(session, result, scores, [run, evaluation])
     if dist.is_initialized():
@@ -217,22 +222,23 @@ def _version_tags(session: Session, exported: Exported, lineage: dict[str, str])
 
 
 def _params(config: TrainConfig, session: Session) -> dict[str, Any]:
+    """Every setting of the run after defaults (issue 48: epochs, early stopping, the eval
+    channel and the namespace were missing), and what the session chose for ``auto`` ones."""
+    settings = config_to_dict(replace(config, optim=config.effective_optim))
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key in ("model", "optim"):
+            flat |= {f"{key}.{k}": v for k, v in value.items()}
+        else:
+            flat[key] = ",".join(value) if key == "channels" else value
     return {
+        **flat,
         "handoff": config.location,
-        "channels": ",".join(config.channels),
-        "mix": config.mix,
         "model": config.model.name,
-        **{f"model.{k}": v for k, v in asdict(config.model).items()},
-        **{f"optim.{k}": v for k, v in asdict(config.effective_optim).items()},
-        "batch_size": config.batch_size,
+        "early_stop": config.effective_early_stop,
         "world_size": session.world.world_size,
         "device": str(session.device),
         "bf16": session.bf16,
-        "compile": config.compile,
         "shuffle_on": session.shuffle_on,
-        "reader_threads": config.reader_threads,
-        "delayed_feedback": config.delayed_feedback,
-        "oracle": config.oracle,
-        "metrics_window_s": config.metrics_window_s,
         "parameters": sum(p.numel() for p in session.model.parameters()),
     }

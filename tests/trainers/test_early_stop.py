@@ -65,8 +65,9 @@ def test_the_best_survives_in_the_checkpoint_folder(tmp_path: Path) -> None:
 def test_early_stop_needs_rows_to_judge_on(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--eval-channel NAME or --holdout-share"):
         config(tmp_path, early_stop=2)
-    with pytest.raises(ConfigError, match="--early-stop 0"):
-        config(tmp_path, early_stop=0, eval_channel="heldout")
+    with pytest.raises(ConfigError, match="--early-stop -1"):
+        config(tmp_path, early_stop=-1, eval_channel="heldout")
+    assert config(tmp_path, early_stop=0, eval_channel="heldout").effective_early_stop is None
 
 
 def overfitting(tmp_path: Path, **changes: object) -> TrainConfig:
@@ -100,6 +101,10 @@ def test_a_run_stops_when_the_evaluation_stops_improving_and_reports_the_best_mo
     best = float(re.search(r"logloss ([0-9.]+)", line).group(1))  # type: ignore[union-attr]
     # The run's model (evaluated, and exported with tracking) is the best one, not the last.
     assert result.metrics["logloss"] == pytest.approx(best, abs=1e-4)
+    # The headline, the run's last figures, are the kept model's, and say which step it is.
+    headline = next(s for s in said if s.startswith("evaluation: "))
+    assert f"log loss {result.metrics['logloss']:.4f}" in headline
+    assert f"step {result.best_step} of {result.steps}, the best evaluated, kept" in headline
     assert (tmp_path / "checkpoints" / "best" / "model.pt").exists()
 
     with pytest.raises(ConfigError, match=r"stopped early at step .*larger --early-stop"):
@@ -110,3 +115,21 @@ def test_a_run_stops_when_the_evaluation_stops_improving_and_reports_the_best_mo
     fresh = train(overfitting(tmp_path, fresh=True), say=lambda _: None)
     assert fresh.resumed_from is None
     assert fresh.best_step == result.best_step  # the same seeded run again
+
+
+def test_small_data_with_the_defaults_gets_a_derived_batch_and_early_stopping(
+    tmp_path: Path,
+) -> None:
+    """No --batch-size and no --early-stop: 2,000 rows train in batches of 32 (not one step
+    of 4,096 an epoch), and the eval channel turns early stopping on."""
+    write(tmp_path, "train", [1000, 1000])
+    write(tmp_path, "heldout", [1000], seed=99)
+    said: list[str] = []
+    run = config(tmp_path, batch_size=None, eval_channel="heldout", epochs=3)
+    result = train(run, say=said.append)
+    assert "batch size 32: derived from 2,000 training rows (~62 steps an epoch); give " in (
+        "\n".join(said)
+    )
+    assert result.steps == 3 * -(-2000 // 32)  # the last batch of an epoch is partial
+    assert result.best_step is not None  # early stopping judged the epochs
+    assert any(s.startswith("evaluation: AUC ") for s in said)

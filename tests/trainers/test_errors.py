@@ -76,3 +76,7 @@ def test_the_headline_is_one_short_line_and_the_result_goes_to_its_file(tmp_path
         f"progressive_auc 0.7312; MLflow run {'f' * 32}; the whole result in "
         f"{tmp_path / 'trainer.json'}"
     )
+    # With evaluation rows, their AUC of the model the run keeps (early stopping's best).
+    result.metrics["auc"], result.best_step = 0.7088, 80
+    assert "120 steps, 122,880 rows" in headline(result, None)
+    assert "eval AUC 0.7088 (the model of step 80)" in headline(result, None)

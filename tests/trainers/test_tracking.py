@@ -55,6 +55,13 @@ def test_trainer_runs_nest_under_the_pipeline_run_and_register_the_model(
     trained = runs["train"].data
     assert trained.params["model"] == "dlrm"
     assert trained.params["world_size"] == "1"
+    # Every setting in effect, defaults applied (issue 48): early stopping is on with the
+    # eval channel, and the train run's last eval_* are the kept model's, as evaluate's are.
+    for param in ("epochs", "eval_channel", "namespace", "batch_size", "optim.lr", "seed"):
+        assert param in trained.params, param
+    assert trained.params["early_stop"] == "2"
+    assert trained.params["eval_channel"] == "heldout"
+    assert trained.metrics["eval_auc"] == pytest.approx(runs["evaluate"].data.metrics["auc"])
     for metric in ("loss", "samples_per_s", "data_stall_fraction", "progressive_auc"):
         assert metric in trained.metrics, metric
     assert trained.tags["lineage.train.commits"] == "0..1"
