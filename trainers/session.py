@@ -215,6 +215,11 @@ class Session:
         self.config = config
         if derived:
             self.say(derived)
+        if config.epochs is None and config.effective_epochs > 1:
+            self.say(
+                f"epochs: up to {config.effective_epochs}, early stopping on the held-out rows "
+                f"chooses (patience {config.effective_early_stop}); --epochs N sets them"
+            )
         self.layout = layout_of(config)
         self.model: CTRModel = build_model(config.model, self.layout).to(self.device)
         if config.cuda_graph and (self.device.type != "cuda" or self.world.world_size > 1):
@@ -430,7 +435,7 @@ class Session:
             keep = (
                 " (from one epoch to more, with --optim.embedding-weight-decay 0, the L2 it "
                 "trained with)"
-                if self.config.epochs == 1
+                if self.config.effective_epochs == 1
                 and not self.config.follow
                 and self.config.optim.embedding_weight_decay is None
                 else ""
@@ -522,8 +527,7 @@ class Session:
 
     def _epochs_left(self) -> bool:
         # Following reads the channels once, until their producer closes them.
-        epochs = 1 if self.config.follow else self.config.epochs
-        return int(self.reader.epoch) < epochs
+        return int(self.reader.epoch) < self.config.effective_epochs
 
     def run(self, run: Run, result: TrainResult) -> None:
         """Train until the epochs, the followed channels or ``max_steps`` are done."""

@@ -224,7 +224,8 @@ def _version_tags(session: Session, exported: Exported, lineage: dict[str, str])
 def _params(config: TrainConfig, session: Session) -> dict[str, Any]:
     """Every setting of the run after defaults (issue 48: epochs, early stopping, the eval
     channel and the namespace were missing), and what the session chose for ``auto`` ones."""
-    settings = config_to_dict(replace(config, optim=config.effective_optim))
+    effective = replace(config, optim=config.effective_optim, epochs=config.effective_epochs)
+    settings = config_to_dict(effective)
     flat: dict[str, Any] = {}
     for key, value in settings.items():
         if key in ("model", "optim"):

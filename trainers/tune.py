@@ -176,7 +176,7 @@ def tune(
 
     check_study(config, study, tracking_uri)
     base = _trial_base(config, study)
-    if base.epochs == 1 and not base.eval_every:
+    if base.effective_epochs == 1 and not base.eval_every:
         say(
             "each trial trains one epoch: give --epochs 10 for early stopping and pruning to choose"
         )
@@ -199,7 +199,7 @@ def tune(
         "trials": study.trials,
         "timeout_s": study.timeout_s,
         "seed": config.seed,
-        "epochs": base.epochs,
+        "epochs": base.effective_epochs,
         "early_stop": base.early_stop,
         **{f"space.{k}": v for k, v in study.space.to_dict().items()},
     }

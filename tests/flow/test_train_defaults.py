@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from flow.config import StackConfig
+from flow.errors import ConfigError
 from flow.train_defaults import (
     DEFAULT_BATCH_SIZE,
     MIN_BATCH_SIZE,
@@ -15,7 +16,7 @@ from flow.train_defaults import (
     derived_batch_size,
     with_batch_size,
 )
-from flow.training import TrainConfig, parse_args
+from flow.training import DEFAULT_EVAL_EPOCHS, TrainConfig, parse_args
 from tests.support import stack_env_for
 from tests.trainers.channels import write
 
@@ -84,3 +85,25 @@ def test_early_stopping_is_on_with_an_eval_channel_and_zero_turns_it_off() -> No
     # A followed channel has no epochs to evaluate at: on only with --eval-every.
     assert patience("--eval-channel", "heldout", "--follow") is None
     assert patience("--eval-channel", "heldout", "--follow", "--eval-every", "100") == 2
+
+
+def test_with_early_stopping_on_the_held_out_rows_choose_the_epochs() -> None:
+    """One pass left the deep models 0.02 AUC short of the epochs the holdout chooses: with an
+    eval channel and no --epochs, a run trains up to DEFAULT_EVAL_EPOCHS and stops early."""
+
+    def epochs(*flags: str) -> int:
+        return parse_args(["--channel", "train", *flags]).effective_epochs
+
+    assert epochs() == 1
+    assert epochs("--eval-channel", "heldout") == DEFAULT_EVAL_EPOCHS
+    assert epochs("--eval-channel", "heldout", "--epochs", "3") == 3
+    assert epochs("--eval-channel", "heldout", "--early-stop", "0") == 1
+    assert epochs("--holdout-share", "0.1") == 1  # no early stopping asked for: one pass
+    assert epochs("--holdout-share", "0.1", "--early-stop", "2") == DEFAULT_EVAL_EPOCHS
+    assert epochs("--eval-channel", "heldout", "--follow", "--eval-every", "100") == 1
+    # Several passes bring the embedding L2 default with them, as --epochs 10 does.
+    derived = parse_args(["--channel", "train", "--eval-channel", "heldout"])
+    given = parse_args(["--channel", "train", "--eval-channel", "heldout", "--epochs", "10"])
+    assert derived.effective_optim == given.effective_optim
+    with pytest.raises(ConfigError, match="--epochs 0"):
+        parse_args(["--channel", "train", "--epochs", "0"])
