@@ -94,6 +94,7 @@ def test_the_guide_s_criteo_example_trains_and_evaluates_on_the_later_rows(
         handoff=handoff,
         eval_channel="test",
         batch_size=256,
+        epochs=1,  # one pass: every train row once (with an eval channel, up to 10 by default)
         device="cpu",
         tracking=False,
         checkpoint_dir=str(tmp_path / "checkpoints"),
