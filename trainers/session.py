@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -718,9 +719,19 @@ class Session:
         run.log_metrics({f"eval_{k}": v for k, v in evaluated.items()}, step=self.step)
         loop.judged = self.step
         stop = self.early.update(self.step, evaluated, self.model)
+        best = self.early.best
+        # One line an evaluation: the figures early stopping chooses by, where one reads them.
+        self.say(
+            f"evaluation at step {self.step}: AUC {evaluated.get('auc', math.nan):.4f}, "
+            f"log loss {evaluated.get('logloss', math.nan):.4f}"
+            + (
+                f"; the best so far: step {best.step}, {self.early.on} {best.value:.4f}"
+                if best is not None
+                else ""
+            )
+        )
         if result is not None and not stop and self._pruned(evaluated, result):
             return True
-        best = self.early.best
         if stop and best is not None:
             self.say(
                 f"early stop at step {self.step}: evaluation {self.early.on} has not improved on "

@@ -105,6 +105,10 @@ def test_a_run_stops_when_the_evaluation_stops_improving_and_reports_the_best_mo
     headline = next(s for s in said if s.startswith("evaluation: "))
     assert f"log loss {result.metrics['logloss']:.4f}" in headline
     assert f"step {result.best_step} of {result.steps}, the best evaluated, kept" in headline
+    # Each evaluation has its line, with the figure early stopping goes by.
+    evaluations = [s for s in said if s.startswith("evaluation at step ")]
+    assert len(evaluations) >= 2  # patience 1: the best, then one without improvement
+    assert f"the best so far: step {result.best_step}, logloss" in evaluations[-1]
     assert (tmp_path / "checkpoints" / "best" / "model.pt").exists()
 
     with pytest.raises(ConfigError, match=r"stopped early at step .*larger --early-stop"):
