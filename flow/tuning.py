@@ -295,14 +295,16 @@ DEFAULT_SPACE = SearchSpace(
         # The tables' own rate matters most for ids (Adagrad's default is 0.05).
         Range("optim.embedding_lr", 1e-3, 0.3, log=True),
         Range("optim.embedding_weight_decay", 1e-7, 1e-3, log=True),
-        Choices("batch_size", (512, 1024, 2048, 4096)),
         Choices("model.embedding_dim", (8, 16, 32, 64)),
         Choices("model.name", ("dlrm", "deepfm", "wide_deep")),
     )
 )
-"""What a study searches unless told: the rates and the tables' L2 on log scales, the batch
-size, the embedding width and the deep model. How long a trial trains is early stopping's
-choice (up to ``--epochs``), not the space's."""
+"""What a study searches unless told: the rates and the tables' L2 on log scales, the embedding
+width and the deep model. How long a trial trains is early stopping's choice (up to
+``--epochs``), not the space's. The batch size is the one derived from the rows
+(:mod:`flow.train_defaults`) unless ``--param batch_size=...`` searches it: fixed choices of
+512-4,096 kept trials on 90,000 rows away from the derived 256 that served them best
+(docs/trainers.md, "Tuning")."""
 
 
 @dataclass(frozen=True)

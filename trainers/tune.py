@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from flow.errors import ConfigError
 from flow.tracking import MlflowTracker, NullTracker, Run, Tracker
+from flow.train_defaults import with_batch_size
 from flow.training import TrainConfig
 from flow.tuning import Range, Scalar, SearchSpace, TuneConfig, apply
 from trainers.promote import tag_version
@@ -37,7 +38,7 @@ from trainers.train import train
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["Trial", "TuneResult", "check_study", "tune"]
+__all__ = ["Trial", "TuneResult", "check_study", "default_values", "tune"]
 
 
 @dataclass
@@ -156,6 +157,28 @@ def _sample(trial: optuna.Trial, space: SearchSpace) -> dict[str, Scalar]:
     return values
 
 
+def default_values(base: TrainConfig, space: SearchSpace) -> dict[str, Scalar]:
+    """The settings ``base`` trains with, defaults applied (the derived batch size, the
+    several-epoch L2), for each of ``space``'s settings whose range or choices hold them."""
+    effective = replace(base, optim=base.effective_optim)
+    if effective.batch_size is None:
+        effective, _ = with_batch_size(effective)
+    found: dict[str, Scalar] = {}
+    for param in space.params:
+        group, _, name = param.name.rpartition(".")
+        holder: Any = getattr(effective, group) if group else effective
+        value = getattr(holder, name, None)
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            continue
+        if isinstance(param, Range):
+            if isinstance(value, str) or not param.low <= value <= param.high:
+                continue
+        elif value not in param.values:
+            continue
+        found[param.name] = value
+    return found
+
+
 def _shown(values: Mapping[str, Scalar]) -> str:
     return ", ".join(
         f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
@@ -203,6 +226,13 @@ def tune(
         "early_stop": base.early_stop,
         **{f"space.{k}": v for k, v in study.space.to_dict().items()},
     }
+
+    # Trial 1 is the trainer's defaults (as far as the space holds them): a study's best is
+    # then never below what a run without settings gets on the same held-out rows.
+    defaults = default_values(base, study.space)
+    if defaults:
+        optimizer.enqueue_trial(dict(defaults))
+        say(f"trial 1 is the trainer's defaults: {_shown(defaults)}")
 
     def objective(trial: optuna.Trial) -> float:
         done = _trial(trial, base, study, tracker, tracking_uri if tracked else None)

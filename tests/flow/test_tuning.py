@@ -60,11 +60,13 @@ def test_a_bad_param_is_refused_in_one_line_naming_it(text: str, message: str) -
 
 
 def test_params_override_the_default_space_and_one_value_fixes_a_setting() -> None:
-    space = build_space(None, ["batch_size=1024", "model.dropout=0:0.2"])
+    space = build_space(None, ["model.embedding_dim=16", "model.dropout=0:0.2"])
     specs = space.to_dict()
-    assert specs["batch_size"] == "1024"  # fixed, in the default's place
+    assert specs["model.embedding_dim"] == "16"  # fixed, in the default's place
     assert specs["model.dropout"] == "0.0:0.2"  # new, last
     assert list(specs)[:-1] == list(DEFAULT_SPACE.to_dict())
+    # The batch size is the derived one unless searched (docs/trainers.md, "Tuning").
+    assert "batch_size" not in DEFAULT_SPACE.to_dict()
     assert specs["optim.lr"] == DEFAULT_SPACE.to_dict()["optim.lr"]
 
 

@@ -79,12 +79,22 @@ def test_a_study_picks_the_best_of_its_trials_and_says_a_line_for_each(
     channels(tmp_path)
     argv = ["tune", "--handoff", str(tmp_path), "--channel", "train", "--eval-channel", "heldout"]
     argv += ["--no-tracking", "--device", "cpu", "--epochs", "2", "--trials", "2", "--json"]
-    argv += ["--window-batches", "4", *(f"--param={p}" for p in SPACE)]
+    argv += ["--window-batches", "4", "--batch-size", "128", "--embedding-dim", "8"]
+    argv += [f"--param={p}" for p in SPACE]
     assert main(argv) == 0
     captured = capsys.readouterr()
     found = json.loads(captured.out)  # stdout holds the result alone
     lines = [line for line in captured.err.splitlines() if line.startswith("trial ")]
+    # Trial 1 is the settings given, defaults for the rest (the several-epoch L2, DLRM), then
+    # the study's trials.
+    defaults = (
+        "optim.lr=0.001, optim.embedding_lr=0.05, optim.embedding_weight_decay=0.0001, "
+        "model.embedding_dim=8, model.name=dlrm, batch_size=128"
+    )
+    assert lines[0] == f"trial 1 is the trainer's defaults: {defaults}"
+    lines = lines[1:]
     assert [line.split(":")[0] for line in lines] == ["trial 1/2", "trial 2/2"]
+    assert lines[0].startswith(f"trial 1/2: {defaults}: eval AUC ")
     assert all("eval AUC" in line and "best" in line for line in lines)
     trials = found["trials"]
     assert [t["trial"] for t in trials] == [1, 2]
