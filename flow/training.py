@@ -37,6 +37,7 @@ import tyro
 from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.storage import namespace_locations
+from flow.train_defaults import derived_batch_size, size_line, training_rows
 
 __all__ = [
     "DEFAULT_EARLY_STOP",
@@ -53,6 +54,7 @@ __all__ = [
     "location_settings",
     "parse_args",
     "save_config",
+    "with_batch_size",
 ]
 
 ModelName = Literal["deepfm", "dlrm", "wide_deep", "logistic", "popularity"]
@@ -547,11 +549,11 @@ class TrainConfig:
 
     @property
     def batch(self) -> int:
-        """The batch size, once given or derived (``flow.train_defaults.with_batch_size``)."""
+        """The batch size, once given or derived (:func:`with_batch_size`)."""
         if self.batch_size is None:
             raise ConfigError(
                 "TrainConfig.batch_size is not derived yet: give --batch-size, or call "
-                "flow.train_defaults.with_batch_size(config) first"
+                "flow.training.with_batch_size(config) first"
             )
         return self.batch_size
 
@@ -609,8 +611,6 @@ class TrainConfig:
         run = replace(self, handoff=self.handoff or where.handoff.uri)
         if run.checkpoint_dir is not None:
             return run
-        from flow.train_defaults import with_batch_size
-
         # Named by the settings the trainer will use: a derived batch size is one of them.
         try:
             sized, _ = with_batch_size(run)
@@ -619,6 +619,22 @@ class TrainConfig:
         own = f"{run.model.name}-{fingerprint(sized.identity())}"
         folder = where.checkpoints.child("trainer", "-".join(self.channels), own)
         return replace(run, checkpoint_dir=folder.uri)
+
+
+def with_batch_size(config: TrainConfig) -> tuple[TrainConfig, str | None]:
+    """``config`` with its batch size set, and the line saying how it was derived (None when
+    it was given: a given size always wins). See :mod:`flow.train_defaults`."""
+    if config.batch_size is not None:
+        return config, None
+    rows = (
+        None
+        if config.follow
+        else training_rows(
+            config.location, config.channels, config.after_commit, config.holdout_share
+        )
+    )
+    size = derived_batch_size(rows)
+    return replace(config, batch_size=size), size_line(size, rows)
 
 
 def location_settings(config: TrainConfig, stack: StackConfig) -> tuple[str, str]:

@@ -34,8 +34,7 @@ from flow.handoff import Channel
 from flow.handoff.audit import AuditWriter, key_row_ids
 from flow.storage import Location, setting_location
 from flow.tracking import Run
-from flow.train_defaults import with_batch_size
-from flow.training import TrainConfig, fingerprint, location_settings
+from flow.training import TrainConfig, fingerprint, location_settings, with_batch_size
 from trainers.checkpoint import Checkpointer, differences
 from trainers.data import NO_TIME
 from trainers.early_stop import EarlyStop

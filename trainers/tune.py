@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from flow.errors import ConfigError
 from flow.tracking import MlflowTracker, NullTracker, Run, Tracker
-from flow.train_defaults import with_batch_size
-from flow.training import TrainConfig
+from flow.training import TrainConfig, with_batch_size
 from flow.tuning import Range, Scalar, SearchSpace, TuneConfig, apply
 from trainers.promote import tag_version
 from trainers.train import train

@@ -14,9 +14,8 @@ from flow.train_defaults import (
     MIN_BATCH_SIZE,
     STEPS_PER_EPOCH,
     derived_batch_size,
-    with_batch_size,
 )
-from flow.training import DEFAULT_EVAL_EPOCHS, TrainConfig, parse_args
+from flow.training import DEFAULT_EVAL_EPOCHS, TrainConfig, parse_args, with_batch_size
 from tests.support import stack_env_for
 from tests.trainers.channels import write
 
