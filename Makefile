@@ -16,11 +16,11 @@ demo: setup
 	$(BIN)/flow demo
 
 test: setup checks
-	$(BIN)/pytest -m "not integration"
+	$(BIN)/pytest -m "not integration" -n 2
 	$(BIN)/pytest -m integration --durations=25
 
 unit: setup
-	$(BIN)/pytest -m "not integration and not slow"
+	$(BIN)/pytest -m "not integration and not slow" -n 2
 
 checks: setup
 	$(BIN)/ruff check .

@@ -113,41 +113,16 @@ def _job(
     return done
 
 
-def _assert_same_channel(here: Path, there: Path, channel: str, more_than: int) -> None:
+def _assert_same_channel(here: str, there: str, channel: str, more_than: int) -> None:
     """Two handoff folders hold the channel's rows alike, row for row (in any order)."""
 
-    def rows(where: Path) -> pa.Table:
-        table = handoff_rows(str(where), channel)
+    def rows(where: str) -> pa.Table:
+        table = handoff_rows(where, channel)
         return table.sort_by("impression_id").select(sorted(table.column_names))
 
     mine, theirs = rows(here), rows(there)
     assert mine.num_rows == theirs.num_rows > more_than
     assert mine.equals(theirs)
-
-
-def test_a_backfill_on_the_cluster_writes_the_channel_a_local_one_writes(
-    cluster: str, running_stack: StackConfig, stack_env: dict[str, str], tmp_path: Path
-) -> None:
-    """Same history, same pipeline, two masters: the same training rows, row for row (the
-    fitted state included, which needs a fit that does not depend on partitioning)."""
-    namespace = f"cl{uuid.uuid4().hex[:6]}"
-    history = ["generate", "history", "--namespace", namespace, "--days", "2", "--per-day", "3000"]
-    assert run_flow(history, stack_env).returncode == 0
-    app = tmp_path / "backfill.py"
-    app.write_text(PIPELINE.format(namespace=namespace))
-
-    local, remote = tmp_path / "local", tmp_path / "cluster"
-    _job(["submit", "--master", "local[*]"], app, stack_env, local, local, "--no-tracking")
-    on_cluster = _job(
-        ["submit", "--master", cluster, *DRIVER], app, stack_env, remote, remote, "--no-tracking"
-    )
-
-    said = on_cluster.stdout + on_cluster.stderr
-    assert "training rows" in said
-    # Spark's 200 shuffle partitions made this 2.5x slower on a cluster (spark_jobs.partitions):
-    # one worker core gives Spark's minimum parallelism, 2, and a small input needs no more.
-    assert "backfill: 2 shuffle partitions" in said, said[-3000:]
-    _assert_same_channel(local / namespace, remote / namespace, "backfill", 5000)
 
 
 def test_a_live_stage_on_the_cluster_with_a_trainer_following_writes_what_a_local_one_writes(
@@ -179,7 +154,7 @@ def test_a_live_stage_on_the_cluster_with_a_trainer_following_writes_what_a_loca
     # Exit 0 is the trainer's too (flow run exits with its code); it read the channel.
     assert "reconcile" in output
     assert "channel live:" in output, output[-3000:]
-    _assert_same_channel(here_at / namespace, there_at / namespace, "live", 2500)
+    _assert_same_channel(str(here_at / namespace), str(there_at / namespace), "live", 2500)
 
 
 def test_the_production_page_runs_as_printed_on_s3_and_the_cluster(
@@ -188,11 +163,15 @@ def test_the_production_page_runs_as_printed_on_s3_and_the_cluster(
     stack_env: dict[str, str],
     s3_server: S3Server,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """docs/production.md's worked example, read from the page and run line by line: the
     warehouse, handoff, feature states and checkpoints (the stream's state stores, written by
     the cluster's executors, and the trainer's) in S3, configured once; the backfill and the
     live stage on the cluster, the trainer following the live channel, every shard verified.
+    Then the page's backfill again on ``local[*]``: the cluster's channel holds the same training
+    rows, row for row (the fitted state included, which needs a fit that does not depend on
+    partitioning).
 
     Substituted: the page's endpoint (http://127.0.0.1:9000) and master (spark://HOST:7077) by
     the test's, ``.venv/bin/flow`` by this environment's, and the session's FLOW_HOME and
@@ -201,7 +180,7 @@ def test_the_production_page_runs_as_printed_on_s3_and_the_cluster(
     ``ctr``'s tables are this run's. The page's ``aws s3 mb`` lines are not run (the AWS CLI is
     no dependency of the project): the server starts with those buckets, checked here."""
     env = {**stack_env, "FLOW_CATALOG_URI": str(tmp_path / "catalog.db")}
-    ran = []
+    ran, submitted = [], ""
     # The page's namespace is ctr: its topics are the broker's (the session's one stack), and a
     # later test producing to ctr's topics would read this stream's records too.
     try:
@@ -229,6 +208,8 @@ def test_the_production_page_runs_as_printed_on_s3_and_the_cluster(
             ran.append(args[0])
             if args[0] in ("submit", "run"):
                 assert "reconcile" in said, said[-3000:]
+            if args[0] == "submit":
+                submitted = said
             if args[0] == "run":
                 assert "channel live:" in said, said[-3000:]  # the trainer read the channel
             if args[:2] == ["handoff", "verify"]:
@@ -245,3 +226,14 @@ def test_the_production_page_runs_as_printed_on_s3_and_the_cluster(
     assert trainer.endswith("/<model>-<settings>")
     assert location(trainer.rsplit("/", 1)[0], s3).list(folders=True)
     assert not (running_stack.home / "checkpoints" / "ctr").exists()
+
+    # Spark's 200 shuffle partitions made this 2.5x slower on a cluster (spark_jobs.partitions):
+    # one worker core gives Spark's minimum parallelism, 2, and a small input needs no more.
+    assert "backfill: 2 shuffle partitions" in submitted, submitted[-3000:]
+    local = tmp_path / "local"
+    backfill = REPO / "pipelines" / "ctr_backfill.py"
+    _job(["submit", "--master", "local[*]"], backfill, env, local, local, "--no-tracking")
+    for name, value in env.items():  # the test's own reads of the page's S3 handoff
+        if name.startswith(("FLOW_S3_", "AWS_")):
+            monkeypatch.setenv(name, value)
+    _assert_same_channel(str(local / "ctr"), f"{env['FLOW_HANDOFF']}/ctr", "backfill", 5000)
