@@ -37,7 +37,7 @@ def test_the_demo_runs_end_to_end_and_its_summary_reconciles(
     running_stack: StackConfig, stack_env: dict[str, str]
 ) -> None:
     args = ["demo", "--days", "1", "--per-day", "3000", "--rate", "50"]
-    args += ["--live-seconds", "40", "--drain-seconds", "20"]
+    args += ["--live-seconds", "30", "--drain-seconds", "15"]
     done = run_flow([*args, "--json"], stack_env, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     summary = json.loads(done.stdout)  # --json: the document alone on stdout
