@@ -10,7 +10,9 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import click
 import numpy as np
 import pyarrow as pa
 
@@ -163,3 +165,18 @@ def doc_commands(doc: Path, heading: str) -> list[list[str]]:
             if words:
                 commands.append(words)
     return commands
+
+
+def flow_command(args: list[str]) -> tuple[click.Command, dict[str, Any]]:
+    """The command ``flow ARGS`` runs and its parameters, through the real CLI's parsing
+    (click's, with :func:`own_options_first` for the Spark commands): nothing runs."""
+    from flow.cli import main  # here: most tests need none of the CLI
+
+    command: click.Command = main
+    context = click.Context(main, info_name="flow")
+    rest = list(args)  # the page gives the group no options of its own (--debug)
+    while isinstance(command, click.Group):
+        name, found, rest = command.resolve_command(context, rest)
+        assert found is not None, f"flow has no command {name!r}"
+        command, context = found, click.Context(found, info_name=name, parent=context)
+    return command, command.make_context(context.info_name, rest, parent=context.parent).params

@@ -9,12 +9,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from flow.cli import main
 from flow.cli.jobs import own_options_first, run, submit
 from flow.config import StackConfig
 from flow.training import parse_args
 from flow.workflows.precheck import pipeline_app
-from tests.support import REPO, doc_commands
+from tests.support import REPO, doc_commands, flow_command
 
 PRODUCTION = REPO / "docs" / "production.md"
 WORKED = "## Worked example: MinIO (or any S3-compatible server) and a standalone cluster"
@@ -93,19 +92,6 @@ def test_help_shows_app_and_where_the_options_go() -> None:
     assert "ARGV" not in shown
 
 
-def _parsed(args: list[str]) -> tuple[click.Command, dict[str, Any]]:
-    """The command ``flow ARGS`` runs and its parameters, through the real CLI's parsing
-    (click's, with :func:`own_options_first` for the Spark commands): nothing runs."""
-    command: click.Command = main
-    context = click.Context(main, info_name="flow")
-    rest = list(args)  # the page gives the group no options of its own (--debug)
-    while isinstance(command, click.Group):
-        name, found, rest = command.resolve_command(context, rest)
-        assert found is not None, f"flow has no command {name!r}"
-        command, context = found, click.Context(found, info_name=name, parent=context)
-    return command, command.make_context(context.info_name, rest, parent=context.parent).params
-
-
 def test_every_command_of_the_production_page_parses_as_printed() -> None:
     """What the page prints is what a user pastes: ``flow run --master ... --train ...`` once
     sent --train to spark-submit ("Unrecognized option"). Every ``flow`` line parses here with
@@ -126,7 +112,7 @@ def test_every_command_of_the_production_page_parses_as_printed() -> None:
     assert stack.checkpoints == "s3://flow/checkpoints"  # "beside the handoff", as it says
     assert len(flows) == 6
     for args in flows:
-        command, params = _parsed(args)
+        command, params = flow_command(args)
         if command in (run, submit):
             argv = list(params["argv"])
             found = pipeline_app(argv)
@@ -157,7 +143,7 @@ def test_the_compose_lines_of_the_production_page_parse_as_printed() -> None:
             args = after[2:]
         else:
             continue
-        command, params = _parsed(args)
+        command, params = flow_command(args)
         parsed.append(command.name)
         if command is submit:
             found = pipeline_app(list(params["argv"]))
