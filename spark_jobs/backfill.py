@@ -28,6 +28,7 @@ from flow.transform import FeatureTransform
 from flow.transform.serving import EXAMPLE_ROWS
 from spark_jobs.features import fit_state, training_rows
 from spark_jobs.handoff import export
+from spark_jobs.history import context_sources, with_history
 from spark_jobs.joins import dimension_side, label_batch
 from spark_jobs.jvm import plan_size_bytes
 from spark_jobs.partitions import shuffle_partitions
@@ -155,7 +156,23 @@ class BackfillRun(StageRun[BackfillStage]):
             f"{self.stage.name}: read {self.report.events_input:,} {self.stage.events} rows "
             f"from {read.table}"
         )
-        return rows
+        return self._with_history(rows)
+
+    def _with_history(self, rows: DataFrame) -> DataFrame:
+        """The events with the stage's History columns; the valid rows before a partial read
+        are their context (spark_jobs.history), read but neither counted nor dead letters."""
+        if not self.stage.history:
+            return rows
+        parts = [
+            split(
+                validate_table(read_table(self.spark, self.stack, part).df, part.fields, ""),
+                part.fields,
+            )[0]
+            for part in context_sources(self.events)
+        ]
+        context = reduce(DataFrame.unionByName, parts) if parts else None
+        event_time = _event_time(self.events, self.stage.events)
+        return with_history(rows, self.stage.history, event_time, context)
 
     def _check_label_sample(self, events: DataFrame) -> None:
         """Fail in seconds, before the job over every event, when the label column is read

@@ -62,8 +62,9 @@ def test_the_trainers_page_s_movielens_commands_parse_as_printed() -> None:
         if words[0] == ".venv/bin/python" and words[1] == "-m":
             assert words[2:4] == ["trainers", "train"], words
             config = parse_args(words[4:], prog="python -m trainers train")
-            assert (config.namespace, config.channels) == ("movies", ("ratings",))
-            ran.append("train")
+            assert config.namespace in ("movies", "movies_ids"), words
+            assert config.channels == ("ratings",)
+            ran.append(f"train {config.namespace}")
         elif words[0] == ".venv/bin/python":
             assert (REPO / words[1]).is_file(), words
             ran.append(Path(words[1]).name)
@@ -73,4 +74,23 @@ def test_the_trainers_page_s_movielens_commands_parse_as_printed() -> None:
             if command.name == "run":
                 assert (REPO / params["argv"][-1]).is_file(), params
             ran.append(str(command.name))
-    assert ran == ["prepare.py", "load", "run", "train", "tune"]
+    assert ran == ["prepare.py", "load", "run", "train movies", "run", "train movies_ids", "tune"]
+
+
+def test_the_pipeline_gives_each_rating_its_users_and_movies_history() -> None:
+    pipeline = runpy.run_path(str(EXAMPLE / "pipeline.py"))["pipeline"]()
+    for stage in pipeline.stages:  # the holdout too: it reads the training rows as context
+        assert {(h.key, h.stat) for h in stage.history} == {
+            (key, stat) for key in ("user_id", "movie_id") for stat in ("count", "mean")
+        }
+        assert set(pipeline.spark_only[stage.name]) >= {h.name for h in stage.history}
+
+
+def test_the_ids_baseline_is_the_same_split_with_only_the_two_ids() -> None:
+    ids = runpy.run_path(str(EXAMPLE / "ids.py"))["pipeline"]()
+    full = runpy.run_path(str(EXAMPLE / "pipeline.py"))["pipeline"]()
+    assert ids.namespace == "movies_ids"
+    assert ids.sources == full.sources  # the same rows, the same time split
+    for stage in ids.stages:
+        assert [f.column for f in stage.features.features] == ["user_id", "movie_id"]
+        assert (stage.history, stage.derive) == ((), ())

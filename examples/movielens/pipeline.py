@@ -15,7 +15,9 @@ from flow.pipeline import (
     Field,
     Hashed,
     HashedSequence,
+    History,
     IcebergSource,
+    Numeric,
     Pipeline,
     Vocabulary,
     run_main,
@@ -49,6 +51,12 @@ def pipeline() -> Pipeline:
             BackfillStage(
                 name="backfill",
                 events="ratings",
+                history=(
+                    History("user_ratings", key="user_id"),
+                    History("user_likes", key="user_id", stat="mean", value="label"),
+                    History("movie_ratings", key="movie_id"),
+                    History("movie_likes", key="movie_id", stat="mean", value="label"),
+                ),
                 derive=(Derived("genre_list", "split(genres, '[|]')", type="array<string>"),),
                 features=FeatureSpec(
                     name="ratings",
@@ -61,6 +69,10 @@ def pipeline() -> Pipeline:
                         HashedSequence("genre_list", max_length=6, buckets=1 << 8),
                         Vocabulary("year"),
                         Bucketized("age", buckets=10),
+                        Bucketized("user_ratings", buckets=10, log=True),
+                        Bucketized("movie_ratings", buckets=10, log=True),
+                        Numeric("user_likes"),
+                        Numeric("movie_likes"),
                     ),
                     label="label",
                     passthrough=("ts",),

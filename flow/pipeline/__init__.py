@@ -22,6 +22,7 @@ from flow.pipeline.features import (
     Numeric,
     Vocabulary,
 )
+from flow.pipeline.history import History
 from flow.pipeline.model import (
     BackfillStage,
     Derived,
@@ -54,6 +55,7 @@ __all__ = [
     "HandoffOutput",
     "Hashed",
     "HashedSequence",
+    "History",
     "IcebergSource",
     "Id",
     "KafkaSource",

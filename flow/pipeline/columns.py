@@ -20,6 +20,7 @@ from flow.pipeline.features import (
     feature_inputs,
     feature_name,
 )
+from flow.pipeline.history import History
 from flow.pipeline.schema import Field, did_you_mean
 from flow.pipeline.sources import (
     PRODUCED_AT,
@@ -60,6 +61,16 @@ def stage_columns(stage: Stage, source: SourceLookup) -> dict[str, Field]:
     if PRODUCED_AT not in available:
         available[PRODUCED_AT] = Field(PRODUCED_AT, "timestamp")
         origin[PRODUCED_AT] = "the stage (the Kafka record's time)"
+
+    for history in getattr(stage, "history", ()):  # a live stage has none
+        _check_history(history, events, stage.events, where)
+        _add(
+            available,
+            origin,
+            Field(history.name, history.type),
+            f"History({history.name!r})",
+            where,
+        )
 
     if stage.label is not None:
         label = stage.label
@@ -115,6 +126,37 @@ def stage_columns(stage: Stage, source: SourceLookup) -> dict[str, Field]:
 
     _check_features(stage.features, available, where)
     return available
+
+
+def _check_history(history: History, source: Source, events: str, where: str) -> None:
+    """A history reads the events' own columns: the context rows before a partial read are
+    read from the events' table alone, without the label join or the enrichments."""
+    if source.event_time is None:
+        raise ConfigError(
+            f"{where}: History({history.name!r}) orders {events!r} by event time; give the "
+            "source an event_time"
+        )
+    fields = {f.name: f for f in source.fields}
+    for role, column in (("key", history.key), ("value", history.value)):
+        if column is None:
+            continue
+        if column not in fields:
+            raise ConfigError(
+                f"{where}: History({history.name!r}).{role} {column!r} is not a column of the "
+                f"events {events!r} (a history reads the events' own columns, not a joined "
+                f"label); its columns: {_names(fields)}{did_you_mean(column, fields)}"
+            )
+    if history.value is not None and history.stat != "count":
+        kind = fields[history.value].type
+        if kind not in _SUMMABLE:
+            raise ConfigError(
+                f"{where}: History({history.name!r}) takes the {history.stat} of "
+                f"{history.value!r}, a {kind}; give a numeric column (derive one in the "
+                "events' table, e.g. a 0/1 label)"
+            )
+
+
+_SUMMABLE = frozenset({"int", "long", "float", "double", "boolean"})
 
 
 def _add(

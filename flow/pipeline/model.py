@@ -21,6 +21,7 @@ from flow.errors import ConfigError, HandoffError
 from flow.handoff.shards import codec
 from flow.pipeline.columns import outside_spark, stage_columns
 from flow.pipeline.features import FeatureSpec, feature_inputs
+from flow.pipeline.history import History
 from flow.pipeline.schema import (
     FIELD_TYPES,
     Definition,
@@ -180,6 +181,9 @@ class BackfillStage(Definition):
     enrich: tuple[Enrich, ...] = ()
     derive: tuple[Derived, ...] = ()
     """Columns computed after the label join and the enrichments (see :class:`Derived`)."""
+    history: tuple[History, ...] = ()
+    """Point-in-time aggregates of a key's earlier events, computed from the events before the
+    label join (see :class:`~flow.pipeline.history.History`); Derived columns may use them."""
     fit: bool = True
     max_dead_share: float = 0.05
     """The share of the events that may be dead letters (unparseable, failing their checks, a
@@ -320,6 +324,10 @@ def _check_renames(kind: str, renames: Mapping[str, str], existing: list[str], o
             )
 
 
+def _history_names(stage: Stage) -> tuple[str, ...]:
+    return tuple(h.name for h in stage.history) if isinstance(stage, BackfillStage) else ()
+
+
 def feature_columns(spec: FeatureSpec) -> set[str]:
     """The columns ``spec``'s features read."""
     return {c for f in spec.features for c in feature_inputs(f)}
@@ -343,9 +351,10 @@ class Pipeline(Definition):
     the pipeline is built; empty where they can. A served model or the consistency check of
     such a stage says these reasons rather than computing other values than Spark does."""
     spark_only: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
-    """Per stage: the Derived columns its features read. Their expressions are Spark SQL,
-    which the Python transform does not evaluate: a model serving raw events takes these
-    columns as inputs, computed by the caller (the consistency check takes them from Spark)."""
+    """Per stage: the Derived and History columns its features read. Spark computes them (SQL
+    expressions, windows over a key's history), the Python transform does not: a model serving
+    raw events takes these columns as inputs, computed by the caller (the consistency check
+    takes them from Spark)."""
 
     def __post_init__(self) -> None:
         check_identifier(self.name, "Pipeline.name")
@@ -386,7 +395,9 @@ class Pipeline(Definition):
         object.__setattr__(self, "outside_spark", portable)
         derived_read = {
             stage.name: tuple(
-                d.name for d in stage.derive if d.name in feature_columns(stage.features)
+                name
+                for name in (*_history_names(stage), *(d.name for d in stage.derive))
+                if name in feature_columns(stage.features)
             )
             for stage in self.stages
         }
