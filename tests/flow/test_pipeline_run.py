@@ -72,8 +72,8 @@ def run_file(
         (
             UNKNOWN_KEY,
             "error: BackfillStage(chanel='x'): BackfillStage has no field 'chanel'; its fields: "
-            "name, events, features, channel, label, enrich, derive, history, fit, max_dead_share; did "
-            "you mean 'channel'?",
+            "name, events, features, channel, label, enrich, derive, history, fit, "
+            "max_dead_share; did you mean 'channel'?",
         ),
         (
             MISSING_COLUMN,
