@@ -156,9 +156,9 @@ class BackfillRun(StageRun[BackfillStage]):
             f"{self.stage.name}: read {self.report.events_input:,} {self.stage.events} rows "
             f"from {read.table}"
         )
-        return self._with_history(rows)
+        return self._with_history(rows, read.snapshot_id)
 
-    def _with_history(self, rows: DataFrame) -> DataFrame:
+    def _with_history(self, rows: DataFrame, snapshot: int | None) -> DataFrame:
         """The events with the stage's History columns; the valid rows before a partial read
         are their context (spark_jobs.history), read but neither counted nor dead letters."""
         if not self.stage.history:
@@ -168,7 +168,7 @@ class BackfillRun(StageRun[BackfillStage]):
                 validate_table(read_table(self.spark, self.stack, part).df, part.fields, ""),
                 part.fields,
             )[0]
-            for part in context_sources(self.events)
+            for part in context_sources(self.events, snapshot)
         ]
         context = reduce(DataFrame.unionByName, parts) if parts else None
         event_time = _event_time(self.events, self.stage.events)

@@ -24,19 +24,28 @@ __all__ = ["context_sources", "with_history"]
 CONTEXT = "__flow_history_context"
 
 
-def context_sources(source: TableSource) -> list[TableSource]:
+def context_sources(source: TableSource, snapshot: int | None = None) -> list[TableSource]:
     """The reads that hold ``source``'s rows before its own read: none for a whole table;
     the rows before ``start``; for an incremental read (``since_snapshot``), the table as of
     that snapshot and the increment's rows before ``start``. Rows after the stage's rows in
-    event time may be among them: the windows' frames leave them out."""
+    event time may be among them: the windows' frames leave them out. ``snapshot``: the one
+    the stage's own read of an Iceberg table used; a context read of the table as it is now
+    reads it too, so a commit between the two reads cannot put a row in both or neither."""
     parts: list[TableSource] = []
     if isinstance(source, IcebergSource) and source.since_snapshot is not None:
         parts.append(
             replace(source, since_snapshot=None, snapshot_id=source.since_snapshot, start=None)
         )
     if source.start is not None:
-        parts.append(replace(source, start=None, end=source.start))
+        earlier = replace(source, start=None, end=source.start)
+        if isinstance(earlier, IcebergSource) and snapshot is not None and _current(earlier):
+            earlier = replace(earlier, snapshot_id=snapshot)
+        parts.append(earlier)
     return parts
+
+
+def _current(source: IcebergSource) -> bool:
+    return source.snapshot_id is None and source.as_of is None and source.since_snapshot is None
 
 
 def _micros(span: timedelta) -> int:

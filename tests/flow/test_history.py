@@ -85,9 +85,13 @@ def test_a_partial_read_brings_the_rows_before_it_as_context() -> None:
     assert context_sources(before) == []  # the whole table up to `at`: nothing before it
     (context,) = context_sources(after)
     assert (context.start, context.end) == (None, at)
+    (pinned,) = context_sources(after, snapshot=42)  # the snapshot the stage's own read used
+    assert isinstance(pinned, IcebergSource)
+    assert (pinned.snapshot_id, pinned.start, pinned.end) == (42, None, at)
     increment = dataclasses.replace(before, since_snapshot=7, start=at, end=None)
-    as_of, earlier = context_sources(increment)
+    as_of, earlier = context_sources(increment, snapshot=42)
     assert isinstance(as_of, IcebergSource)
     assert isinstance(earlier, IcebergSource)
     assert (as_of.snapshot_id, as_of.since_snapshot, as_of.start) == (7, None, None)
     assert (earlier.since_snapshot, earlier.start, earlier.end) == (7, None, at)
+    assert earlier.snapshot_id is None  # an increment reads up to now, not one snapshot
