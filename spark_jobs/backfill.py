@@ -43,7 +43,7 @@ from spark_jobs.rows import (
     unusable_reason,
 )
 from spark_jobs.sources import read_table
-from spark_jobs.stage import Progress, StageRun, enriched, input_counts, positives
+from spark_jobs.stage import Progress, StageRun, enriched, input_counts
 from spark_jobs.validate import split, validate_table
 
 __all__ = ["run_backfill"]
@@ -292,8 +292,10 @@ class BackfillRun(StageRun[BackfillStage]):
         batch_id = self._next_batch(channel, positions)
         if batch_id is None:
             return
+        # Cached by the export's first job and read by its write; the writer tasks count the
+        # positives as they write (a job of its own cost 8 jobs under adaptive execution, each
+        # ~0.3 s on a cluster: docs/experiments/2026-11-28-cluster-timings.md).
         training = training.persist()
-        count = positives(training)
         label = self.stage.label
         options = export_options(
             self.pipeline,
@@ -302,6 +304,7 @@ class BackfillRun(StageRun[BackfillStage]):
             self.events.event_time,
             seed=batch_id,
             labels=label.channel_labels(streaming=False) if label else None,
+            count_positives=True,
             features=None if channel.exists() else self._features(state, usable),
         )
         commit = export(
@@ -311,7 +314,6 @@ class BackfillRun(StageRun[BackfillStage]):
             options=options,
             writer=f"{self.pipeline.name}.{self.stage.name}",
             source_positions=positions,
-            stats={"positives": count},
             progress=self.progress,
         )
         training.unpersist()
@@ -320,12 +322,12 @@ class BackfillRun(StageRun[BackfillStage]):
         channel.close()
         if commit is not None:
             self.report.training_rows = commit.rows
-            self.report.positives = count
+            self.report.positives = int(commit.stats.get("positives", 0))
 
     def _features(self, state: FeatureState, usable: DataFrame) -> dict[str, object]:
         """What the new channel records of its features, with two raw rows as examples: rows
         without nulls where there are such (a served model's input example, which MLflow types
-        by its values), read from ``usable``'s cache (``positives`` has just filled it)."""
+        by its values), read from ``usable`` (cached; filled by the fit where the stage fits)."""
         inputs = FeatureTransform(self.stage.features, state).inputs
         rows = usable.select(*inputs)
         example = rows.dropna().limit(EXAMPLE_ROWS).toArrow()

@@ -17,6 +17,7 @@ from flow.config import StackConfig
 from flow.errors import ConfigError
 from flow.pipeline import DeltaSource, Field, IcebergSource, KafkaSource
 from flow.stack.iceberg import open_catalog
+from spark_jobs.jvm import status_tracker
 from spark_jobs.sources import read_table
 from spark_jobs.validate import REASON, parse_kafka
 
@@ -42,6 +43,7 @@ def test_iceberg_snapshots_time_travel_increments_and_ranges(
     catalog.create_namespace_if_not_exists("reads")
     name = f"reads.t{uuid.uuid4().hex[:8]}"
     table = catalog.create_table(name, schema=SCHEMA)
+    assert read_table(spark, running_stack, IcebergSource(name, FIELDS)).snapshot_id is None
     table.append(batch(range(3)))
     first = table.current_snapshot()
     assert first is not None
@@ -55,8 +57,12 @@ def test_iceberg_snapshots_time_travel_increments_and_ranges(
 
     everything = IcebergSource(name, FIELDS)
     assert ids(spark, running_stack, everything) == list(range(6))
+    jobs = set(status_tracker(spark).getJobIdsForGroup(None))
     read = read_table(spark, running_stack, everything)
     assert read.snapshot_id == latest.snapshot_id
+    # The current snapshot comes from a table property, without a Spark job (each job costs a
+    # cluster ~0.3 s: spark_jobs/README.md); reading the frame runs them, planning it does not.
+    assert set(status_tracker(spark).getJobIdsForGroup(None)) == jobs
     assert ids(
         spark, running_stack, IcebergSource(name, FIELDS, snapshot_id=first.snapshot_id)
     ) == [0, 1, 2]
