@@ -108,8 +108,8 @@ def _snapshot_at(spark: SparkSession, name: str, when: datetime | None) -> int |
     cluster a job is a round of tasks on the executors: ~0.3 s more for each of a backfill's
     jobs, docs/experiments/2026-11-28-cluster-timings.md). At a time: the history table."""
     if when is None:
-        (row,) = spark.sql(f"SHOW TBLPROPERTIES {name} ('{CURRENT_SNAPSHOT}')").collect()
-        value = str(row["value"])  # a missing property (no snapshot yet) is a sentence
+        (prop,) = spark.sql(f"SHOW TBLPROPERTIES {name} ('{CURRENT_SNAPSHOT}')").collect()
+        value = str(prop["value"])  # a missing property (no snapshot yet) is a sentence
         return int(value) if value.lstrip("-").isdigit() else None
     history = spark.table(f"{name}.history").where(F.col("is_current_ancestor"))
     history = history.where(F.col("made_current_at") <= F.lit(when))
