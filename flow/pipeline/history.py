@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Literal, get_args
 
 from flow.errors import ConfigError
 from flow.pipeline.schema import Definition, FieldType, check_identifier
 
-__all__ = ["STATS", "History"]
+__all__ = ["STATS", "History", "Stat"]
 
-STATS = ("count", "sum", "mean")
+Stat = Literal["count", "sum", "mean"]
+STATS: tuple[str, ...] = get_args(Stat)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class History(Definition):
 
     name: str
     key: str
-    stat: Literal["count", "sum", "mean"] = "count"
+    stat: Stat = "count"
     value: str | None = None
     within: timedelta | None = None
 
