@@ -5,14 +5,10 @@ their raw inputs, and a changed vocabulary or clip bound makes the check fail, n
 from __future__ import annotations
 
 import dataclasses
-import random
-import uuid
 
-import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from flow.config import StackConfig
 from flow.handoff import Channel
 from flow.pipeline import BackfillStage, Numeric
 from flow.pipeline.state import FeatureState
@@ -20,44 +16,9 @@ from flow.transform import FeatureTransform
 from flow.transform.serving import ServingFeatures
 from spark_jobs.backfill import run_backfill
 from spark_jobs.consistency import check_channel
-from tests.spark_jobs.test_stages import TS, Lake, m
+from tests.spark_jobs.test_stages import Lake
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def lake(running_stack: StackConfig) -> Lake:
-    """60 impressions of users 1-4 and 9 (unknown: its columns enrich to nulls), a third
-    clicked, positions 1-50 and null, devices with nulls."""
-    pick = random.Random(3)
-    world = Lake(running_stack, f"c{uuid.uuid4().hex[:8]}")
-    impressions = [
-        {
-            "id": f"i{n}",
-            "user_id": pick.choice([1, 2, 3, 4, 9]),
-            "ts": m(n),
-            "position": pick.choice([None, 1, 2, 7, 12, 30, 50]),
-            "device": pick.choice([None, "ios", "android", "web"]),
-        }
-        for n in range(60)
-    ]
-    world.table(
-        "impressions_history",
-        impressions,
-        pa.schema(
-            [
-                ("id", pa.string()),
-                ("user_id", pa.int64()),
-                ("ts", TS),
-                ("position", pa.int32()),
-                ("device", pa.string()),
-            ]
-        ),
-    )
-    clicks = [{"id": f"i{n}", "ts": m(n + 1)} for n in range(0, 60, 3)]
-    world.table("clicks_history", clicks, pa.schema([("id", pa.string()), ("ts", TS)]))
-    world.users()
-    return world
 
 
 def test_a_backfill_channel_agrees_with_the_python_transform_and_a_change_is_named(
