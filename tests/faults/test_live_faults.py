@@ -92,13 +92,6 @@ class Stage:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
-    def drain(self) -> subprocess.CompletedProcess[str]:
-        """A run that reads what has arrived and stops (Spark's availableNow)."""
-        done = run_flow(self.argv()[1:], self.env, timeout=600)
-        with self.log.open("a") as out:
-            out.write(done.stdout + done.stderr)
-        return done
-
 
 def rows(stack: StackConfig, namespace: str) -> list[dict[str, Any]]:
     where = f"{stack.handoff}/{namespace}"
@@ -274,8 +267,10 @@ def killed_run(
     stack_env: dict[str, str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> KilledRun:
-    """Three kill -9 rounds, each restarted from the checkpoint; the last one must close the
-    windows the run before it left open. Then a run that drains."""
+    """Two kill -9 rounds at random moments, each restarted from the checkpoint; the third run
+    must close the windows the run before it left open, and, still running, account for every
+    record once the last window is closed (`finish`): a fourth driver start, a drain, added
+    ~40 s a strategy to CI and nothing the restarts do not already prove."""
     strategy: Strategy = request.param
     namespace = new_namespace(running_stack)
     tmp_path = tmp_path_factory.mktemp("killed")
@@ -328,14 +323,8 @@ def killed_run(
         events.impressions(20, clicks=True, every=1.0)
         stage.start()
         wait_for(labelled(lambda i, label: number(i) <= 120), "negatives after the restart")
-        time.sleep(pick.uniform(0, 6))
-        stage.kill()
-        kills += 1
-
-        # The end: an impression now closes every earlier window; a run that stops when caught up.
-        events.pending(LAST, datetime.now(UTC))
-        done = stage.drain()
-        assert done.returncode == 0, done.stderr[-3000:]
+        # The end: an impression closes every earlier window; the running stage accounts for all.
+        finish(stage, events, stack, namespace, "every record after two kills", timeout=300)
     finally:
         if stage.process is not None and stage.process.poll() is None:
             stage.kill()
