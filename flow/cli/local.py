@@ -135,14 +135,14 @@ def jars_fetch(profiles: tuple[str, ...], verify: bool) -> None:
     from flow.stack import jars as jarmod
 
     stack = stack_config()
-    for name in profiles or ("spark", "kafka"):
-        started = time.monotonic()
-        with console.status(f"resolving the {name} jars from {stack.maven_repo} ..."):
-            resolved = jarmod.resolve(name, stack, verify=verify, progress=progress)
+    names = profiles or ("spark", "kafka")
+    with console.status(f"resolving the {', '.join(names)} jars from {stack.maven_repo} ..."):
+        results = jarmod.resolve_all(names, stack, verify=verify, progress=progress)
+    for resolved, seconds in results:
         size = sum(p.stat().st_size for p in resolved.jars) / 1e6
         console.print(
-            f"{name}: {len(resolved.jars)} jars, {size:.0f} MB in {escape(str(resolved.folder))} "
-            f"({time.monotonic() - started:.1f}s)"
+            f"{resolved.profile}: {len(resolved.jars)} jars, {size:.0f} MB in "
+            f"{escape(str(resolved.folder))} ({seconds:.1f}s)"
         )
 
 

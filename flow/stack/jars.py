@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
@@ -39,6 +40,7 @@ __all__ = [
     "parse_ivy_failures",
     "pyspark_jars_dir",
     "resolve",
+    "resolve_all",
 ]
 
 MANIFEST = "manifest.json"
@@ -250,7 +252,8 @@ def _ivy_settings_xml(repo: str, cache: Path) -> str:
         [
             "<ivysettings>",
             '  <settings defaultResolver="maven"/>',
-            f"  <caches defaultCacheDir={quoteattr(str(cache))}/>",
+            # Profiles resolve at once (resolve_all) into one cache: a file lock per download.
+            f'  <caches defaultCacheDir={quoteattr(str(cache))} lockStrategy="artifact-lock-nio"/>',
             "  <resolvers>",
             f'    <ibiblio name="maven" m2compatible="true" root={quoteattr(repo)}/>',
             "  </resolvers>",
@@ -425,3 +428,29 @@ def resolve(
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
     return _result(profile, folder, [folder / "lib" / p.name for p in jars])
+
+
+def resolve_all(
+    names: Iterable[str],
+    stack: StackConfig,
+    *,
+    verify: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[tuple[ResolvedJars, float]]:
+    """Each profile of ``names`` as :func:`resolve` gives it, with the seconds it took, in order.
+
+    The profiles resolve at the same time, an Ivy JVM each: most of a resolution waits on the
+    repository, so two at once took about the time of the longer (55 s) rather than the sum
+    (26 s + 55 s) on ``make setup``. Their shared download cache is locked per file (the Ivy
+    settings' ``artifact-lock-nio``). The first failure, in ``names``' order, is raised.
+    """
+
+    def timed(name: str) -> tuple[ResolvedJars, float]:
+        started = time.monotonic()
+        resolved = resolve(name, stack, verify=verify, progress=progress)
+        return resolved, time.monotonic() - started
+
+    wanted = list(dict.fromkeys(names))
+    with ThreadPoolExecutor(max_workers=max(1, len(wanted))) as pool:
+        futures = [pool.submit(timed, name) for name in wanted]
+        return [future.result() for future in futures]

@@ -106,3 +106,31 @@ def test_a_missing_artifact_is_named_in_the_error(tmp_path: Path) -> None:
     assert "FLOW_MAVEN_REPO" in message
     assert f"org.apache.kafka:kafka_2.13:{versions.KAFKA_BROKER}" in caught.value.artifacts
     assert not (stack.jar_cache / "kafka" / jars.MANIFEST).exists()
+
+
+@pytest.mark.integration
+def test_profiles_resolved_at_once_lock_their_shared_cache_and_fail_in_the_order_asked(
+    tmp_path: Path,
+) -> None:
+    """``flow jars fetch`` resolves its profiles at the same time into one Ivy cache: a lock per
+    download keeps the two JVMs from writing the same file, and the error is the first profile's."""
+    empty_repo = tmp_path / "empty-repo"
+    empty_repo.mkdir()
+    stack = _stack(tmp_path, FLOW_MAVEN_REPO=empty_repo.as_uri())
+    with pytest.raises(ArtifactResolutionError) as caught:
+        jars.resolve_all(["kafka", "spark"], stack)
+    assert f"org.apache.kafka:kafka_2.13:{versions.KAFKA_BROKER}" in caught.value.artifacts
+    for profile in ("kafka", "spark"):
+        settings = (stack.jar_cache / f"{profile}.staging" / "ivysettings.xml").read_text()
+        assert 'lockStrategy="artifact-lock-nio"' in settings  # without it: no lock at all
+        assert (stack.jar_cache / f"{profile}.staging" / "ivy.log").exists()  # both ran
+        assert not (stack.jar_cache / profile / jars.MANIFEST).exists()
+
+
+def test_profiles_resolved_at_once_come_back_in_the_order_asked(tmp_path: Path) -> None:
+    _copy_cached("kafka", tmp_path)
+    _copy_cached("spark", tmp_path)
+    stack = _stack(tmp_path, FLOW_OFFLINE="1")
+    found = jars.resolve_all(["spark", "kafka", "spark"], stack)
+    assert [resolved.profile for resolved, _ in found] == ["spark", "kafka"]
+    assert all(seconds >= 0 for _, seconds in found)
