@@ -7,7 +7,6 @@ session gets a temporary ``FLOW_HOME`` and free ports. The JVM jar cache is shar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -16,17 +15,6 @@ import pytest
 from flow import stack as services
 from flow.config import StackConfig
 from tests.support import stack_env_for
-
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-"""HotSpot's C1 compiler only, for every JVM the tests start (Spark drivers and executors, the
-broker, a standalone cluster): the tests' jobs are short and small, and with the full tiered JIT
-they spent about a third of their CPU compiling code they ran a few times (the same five
-integration tests: 455 CPU-s against 576-670 on 2 cores; docs/experiments/2026-11-29-ci-time.md).
-The JIT changes no result, only speed; benchmarks never run under pytest. Export
-``JAVA_TOOL_OPTIONS`` (even empty) to run the tests with your own."""
-USERS_JVM_OPTIONS = os.environ.get("JAVA_TOOL_OPTIONS")
-if USERS_JVM_OPTIONS is None:
-    os.environ["JAVA_TOOL_OPTIONS"] = TEST_JVM_OPTIONS
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,20 @@ def clean_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ENV_VARS}
 
 
+SHORT_JOB_JVM = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1"}
+"""For the JVMs of the commands the tests run (``flow run``/``submit``'s drivers, a standalone
+cluster's master, workers and executors): HotSpot's C1 compiler only. Those jobs are short and
+small; with the full tiered JIT a subprocess test spent about a third more CPU compiling code it
+ran a few times (docs/experiments/2026-11-29-ci-time.md). Not for the pytest process's own Spark
+session, which runs hundreds of queries and got slower on C1, nor for the broker. The JIT changes
+no result, only speed. An exported ``JAVA_TOOL_OPTIONS`` (even empty) is kept instead."""
+
+
+def short_job_jvm() -> dict[str, str]:
+    """:data:`SHORT_JOB_JVM`, unless ``JAVA_TOOL_OPTIONS`` is exported (then nothing: theirs)."""
+    return {} if "JAVA_TOOL_OPTIONS" in os.environ else dict(SHORT_JOB_JVM)
+
+
 def stack_env_for(home: Path) -> dict[str, str]:
     kafka, controller, mlflow = free_ports(3)
     return {
@@ -50,6 +64,7 @@ def stack_env_for(home: Path) -> dict[str, str]:
         "FLOW_KAFKA_PORT": str(kafka),
         "FLOW_KAFKA_CONTROLLER_PORT": str(controller),
         "FLOW_MLFLOW_PORT": str(mlflow),
+        **short_job_jvm(),
     }
 
 

@@ -28,7 +28,14 @@ from flow.stack.kafka import delete_topics
 from flow.storage import location, namespace_locations
 from flow.workflows.loading import topics
 from tests.conftest import S3Server
-from tests.support import REPO, doc_commands, free_ports, handoff_rows, run_flow
+from tests.support import (
+    REPO,
+    doc_commands,
+    free_ports,
+    handoff_rows,
+    run_flow,
+    short_job_jvm,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -66,7 +73,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     home = Path(pyspark.__file__).parent
     folder = tmp_path_factory.mktemp("standalone")
     port, ui, worker_ui = free_ports(3)
-    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = {**os.environ, **short_job_jvm(), "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1"}
     url = f"spark://127.0.0.1:{port}"
     deploy = "org.apache.spark.deploy"
     commands = {
