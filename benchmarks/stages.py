@@ -452,7 +452,8 @@ def bench_live(
     Two hand-written jobs (``exactly_once``): the plain one, which keeps every record a producer
     sent twice, and one that drops repeats within the watermark as the stage does (its
     guarantee: one first row per impression, one positive per click). The backlog has no
-    repeats, so all three write the same rows; the ratio to each is reported.
+    repeats, so both hand-written jobs write the same rows, and the stage fewer by the records
+    its checks dead-letter; the ratio to each is reported.
 
     Why a warm-up: a new driver's JIT compiles for minutes, and the rate wanted is the one a
     live stage sustains for hours. The hand-written query's rate levels off after its first
@@ -530,7 +531,7 @@ def bench_live(
             if exactly_once
             else {}
         ),
-        # Each run's training rows: the same work, the same rows.
+        # Each run's training rows, to show what each wrote (the stage's dead letters excepted).
         "training_rows": {v: sorted({r["training_rows"] for r in runs[v]}) for v in runs},
         # Each turn's own ratio (its two queries ran back to back), warm-up turns first: the
         # spread, and how far from its warmed rate the stage starts.
