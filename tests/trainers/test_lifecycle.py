@@ -127,9 +127,12 @@ def test_ranks_die_with_a_killed_launcher_and_write_no_later_checkpoint(tmp_path
         for rank in ranks if "ranks" in locals() else []:
             if not _gone(rank):
                 rank.kill()
-    assert _latest(checkpoints) == at_kill
+    # A save under way at the kill (its ranks past their launcher check) may still finish and
+    # become the latest: `latest` is read above while rank 0 may be writing it (seen once in
+    # 1,105 tests on an idle machine, 2026-11-29). No later save does: it would be at_kill + 10.
+    assert _latest(checkpoints) in (at_kill, at_kill + 5)
     steps = [int(p.name.removeprefix("step-")) for p in checkpoints.glob("step-*")]
-    assert max(steps) <= at_kill + 5  # at most the save under way at the kill, left incomplete
+    assert max(steps) <= at_kill + 5  # at most the save under way at the kill
     lease = Lease.take(location(str(checkpoints)))  # rank 0 let the folder go as it died
     assert lease is not None
     lease.release()
