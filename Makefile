@@ -7,7 +7,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-UV := $(BIN)/uv pip install --quiet --python $(BIN)/python
+# --compile-bytecode: uv, unlike pip, leaves the .pyc files to the first import, and where
+# PYTHONDONTWRITEBYTECODE is set (CI's machine) no import ever writes them: every process then
+# compiled torch, pyspark and mlflow again (12 s of CPU against 4.5 s, 2026-11-29).
+UV := $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
 # CI and developer machines carry a CPU build of torch beside the checkout; PyPI's is CUDA.
 TORCH_WHEEL := $(firstword $(wildcard ../shared/wheels/torch-*.whl))
 
