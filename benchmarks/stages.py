@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import statistics
 import tempfile
@@ -60,8 +61,11 @@ Strategy = Literal["window", "immediate"]
 STRATEGIES: tuple[Strategy, ...] = ("immediate", "window")
 """The label strategies the live benchmark measures: the demo's and the docs' first example's
 (immediate) first."""
-WARMUP_TURNS = 4
+WARMUP_TURNS = 6
 """Turns of each live query before the measured ones (see bench_live)."""
+MEASURED_TURNS = 5
+"""Turns measured after those: one turn of one query moves by up to 40 % against its
+neighbours on the 2-core machine, so fewer than five cannot place a ratio within 0.1."""
 HISTORY_END = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=6)
 """Relative to now: the live source dead-letters events more than 30 days old (max_past) or
 10 minutes ahead (max_future); the stream's 4 hours (late clicks up to 90 minutes after) end
@@ -435,6 +439,26 @@ def _stage_once(
     }
 
 
+def ratio_interval(
+    stage: list[float], yardstick: list[float], draws: int = 2_000, seed: int = 0
+) -> tuple[float, float]:
+    """The middle 90 % of the ratio of the medians (``stage`` to ``yardstick``, each a rate per
+    measured turn) over the turns resampled with replacement: how far one run's ratio can be
+    trusted. Turns are drawn whole (the stage's and the yardstick's of one turn together): they
+    ran back to back, on the same warm driver, so a slow minute of the machine hits both."""
+    if len(stage) != len(yardstick) or not stage:
+        raise ValueError(f"one rate per turn for both, not {len(stage)} and {len(yardstick)}")
+    draw = random.Random(seed)
+    turns = range(len(stage))
+    ratios = []
+    for _ in range(draws):
+        picked = [draw.choice(turns) for _ in turns]
+        base = statistics.median(yardstick[t] for t in picked)
+        ratios.append(statistics.median(stage[t] for t in picked) / base if base else 0.0)
+    ratios.sort()
+    return ratios[int(0.05 * (draws - 1))], ratios[int(0.95 * (draws - 1))]
+
+
 def bench_live(
     spark: SparkSession,
     stack: StackConfig,
@@ -466,7 +490,11 @@ def bench_live(
     Why the order alternates (the stage first, then the other first, ...): the JIT goes on
     compiling for the whole run (both queries' rates still rose 10-20 % from the second turn to
     the fourth), so whichever query runs second in every turn is measured on a warmer driver.
-    Alternating cancels that drift over each two turns, as in an A-B-B-A design."""
+    Alternating cancels that drift over each two turns, as in an A-B-B-A design.
+
+    Each ratio comes with its interval over the measured turns resampled (ratio_interval): one
+    turn of one query moves by up to 40 % against its neighbours here, so a run's ratio is
+    read with it."""
     pipeline = ctr_streaming(NAMESPACE, max_records_per_batch=per_batch, label_strategy=strategy)
     stage = pipeline.stage("live")
     assert isinstance(stage, LiveStage)
@@ -506,9 +534,11 @@ def bench_live(
             out.print(f"live ({strategy}): turn {turn + 1}/{turns} ({kind}): {label} ...")
             runs[variant].append(run())
 
+    def measured(variant: str) -> list[float]:
+        return [r["sustained_rows_per_s"] for r in runs[variant][warmup:]]
+
     def median(variant: str) -> float:
-        measured = runs[variant][warmup:]
-        return float(statistics.median(r["sustained_rows_per_s"] for r in measured))
+        return float(statistics.median(measured(variant)))
 
     cores = default_parallelism(spark)
     return {
@@ -523,10 +553,14 @@ def bench_live(
         "rows_per_s_per_core": median("stage") / cores,
         "hand_written_rows_per_s": median("hand_written"),
         "ratio": median("stage") / median("hand_written"),
+        "ratio_interval": ratio_interval(measured("stage"), measured("hand_written")),
         **(
             {
                 "exactly_once_rows_per_s": median("hand_written_exactly_once"),
                 "ratio_exactly_once": median("stage") / median("hand_written_exactly_once"),
+                "ratio_exactly_once_interval": ratio_interval(
+                    measured("stage"), measured("hand_written_exactly_once")
+                ),
             }
             if exactly_once
             else {}
@@ -562,7 +596,10 @@ def main() -> None:
     parser.add_argument("--live-count", type=int, default=200_000, help="live: impressions sent")
     parser.add_argument("--per-batch", type=int, default=50_000, help="live: records per batch")
     parser.add_argument(
-        "--live-repeat", type=int, default=2, help="live: turns of the stage and the baseline"
+        "--live-repeat",
+        type=int,
+        default=MEASURED_TURNS,
+        help="live: measured turns of the stage and the baseline",
     )
     parser.add_argument(
         "--yardsticks",
@@ -610,6 +647,14 @@ def main() -> None:
     out.print(f"results: {path}")
 
 
+def _spread(live: dict[str, Any], key: str) -> str:
+    """A ratio's resampled interval (ratio_interval), as printed after it; '' if not measured."""
+    if key not in live:
+        return ""
+    low, high = live[key]
+    return f" (90 % of resampled turns: {low:.2f}-{high:.2f})"
+
+
 def _print(results: dict[str, Any]) -> None:
     if "features" in results:
         f = results["features"]
@@ -631,15 +676,17 @@ def _print(results: dict[str, Any]) -> None:
             f"live ({live.get('strategy', 'window')}, writer {live.get('writer', '?')}) sustained "
             f"{live['sustained_rows_per_s']:,.0f} input rows/s "
             f"({live['rows_per_s_per_core']:,.0f}/core), hand-written Structured Streaming "
-            f"{live['hand_written_rows_per_s']:,.0f} rows/s -> ratio {live['ratio']:.2f} "
-            f"(target >= 0.9; median of {live['repeat']} after {live.get('warmup', 0)} warm-up), "
+            f"{live['hand_written_rows_per_s']:,.0f} rows/s -> ratio {live['ratio']:.2f}"
+            f"{_spread(live, 'ratio_interval')} (target >= 0.9; median of {live['repeat']} "
+            f"after {live.get('warmup', 0)} warm-up), "
             f"reconciled={live['reconciled']}"
         )
         if "ratio_exactly_once" in live:
             out.print(
                 f"          against the hand-written job dropping repeats as the stage does: "
                 f"{live['exactly_once_rows_per_s']:,.0f} rows/s -> ratio "
-                f"{live['ratio_exactly_once']:.2f}; training rows per run "
+                f"{live['ratio_exactly_once']:.2f}{_spread(live, 'ratio_exactly_once_interval')}; "
+                "training rows per run "
                 + ", ".join(f"{k} {v}" for k, v in live.get("training_rows", {}).items())
             )
         ratios, warmup = live.get("turn_ratios", []), live.get("warmup", 0)

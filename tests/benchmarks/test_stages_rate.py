@@ -50,3 +50,30 @@ def test_several_topics_add_up(stages: ModuleType) -> None:
     }
     progress["sources"].append(clicks)
     assert stages.records_read(progress) == 5
+
+
+def test_a_ratio_interval_holds_the_ratio_of_the_medians(stages: ModuleType) -> None:
+    stage = [9_000.0, 7_500.0, 10_200.0, 8_100.0, 9_600.0]
+    yardstick = [10_000.0, 9_900.0, 8_700.0, 11_000.0, 10_400.0]
+    low, high = stages.ratio_interval(stage, yardstick)
+    point = 9_000.0 / 10_000.0  # the medians' ratio
+    assert low <= point <= high
+    assert low < high
+    # The same turns give the same interval (a fixed seed): a run's figure can be reproduced.
+    assert stages.ratio_interval(stage, yardstick) == (low, high)
+
+
+def test_turns_that_agree_leave_no_spread(stages: ModuleType) -> None:
+    assert stages.ratio_interval([9.0, 9.0, 9.0], [10.0, 10.0, 10.0]) == (0.9, 0.9)
+
+
+def test_turns_are_resampled_in_pairs(stages: ModuleType) -> None:
+    # Each turn's stage ran beside its own yardstick: a slow turn slows both, and the pairs'
+    # ratio (0.5 every turn) must not spread as unpaired draws would make it.
+    low, high = stages.ratio_interval([5.0, 50.0, 500.0], [10.0, 100.0, 1000.0])
+    assert (low, high) == (0.5, 0.5)
+
+
+def test_an_interval_needs_a_rate_per_turn_for_both(stages: ModuleType) -> None:
+    with pytest.raises(ValueError, match="one rate per turn"):
+        stages.ratio_interval([1.0, 2.0], [1.0])
