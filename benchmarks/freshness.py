@@ -48,6 +48,7 @@ from flow.insight.freshness import BatchTimes, channel_freshness, lag_quantiles
 from flow.storage import namespace_locations
 from flow.workflows.demo import DemoSize, run_demo
 from flow.workflows.demo_summary import summarize
+from spark_jobs.live.steps import STEPS
 
 NEEDS_SPARK = False  # it submits its own Spark job, as `flow run` does
 NAMESPACE = "freshness"
@@ -92,8 +93,14 @@ def _batch_times(stack: StackConfig, parent: str) -> dict[int, BatchTimes]:
     client, run = found_run
     started = {m.step: m.value for m in client.get_metric_history(run, "batch_started_s")}
     planning = {m.step: m.value for m in client.get_metric_history(run, "batch_planning_ms")}
+    steps: dict[int, dict[str, float]] = {}
+    for name in STEPS:
+        for m in client.get_metric_history(run, f"batch_{name}_ms"):
+            steps.setdefault(m.step, {})[name] = m.value / 1000
     return {
-        step: BatchTimes(started_s=at, planning_s=planning.get(step, 0.0) / 1000)
+        step: BatchTimes(
+            started_s=at, planning_s=planning.get(step, 0.0) / 1000, steps=steps.get(step, {})
+        )
         for step, at in started.items()
     }
 
@@ -352,6 +359,10 @@ LEGS = (
     ("waiting", "waiting for the micro-batch that reads it"),
     ("planning", "the batch's planning (offsets, plan, WAL)"),
     ("jobs_and_commit", "the batch's jobs and the commit"),
+    ("step_prepare", "  of which Spark's preparing it (physical plan)"),
+    ("step_checks", "  of which the writer's checks (dims, room)"),
+    ("step_job", "  of which its job (broadcasts, stages)"),
+    ("step_commit", "  of which the commit (counts, ledger, channel)"),
     ("committed_to_picked_up", "committed -> picked up (poll, listing)"),
     ("picked_up_to_trained", "picked up -> trained (read, window, step)"),
     ("ready_to_trained", "  of which window ready -> trained (queue, step)"),

@@ -26,9 +26,13 @@ from flow.handoff.channel import Channel
 from flow.handoff.shards import read_shard
 from flow.pipeline.sources import PRODUCED_AT
 
-__all__ = ["BatchTimes", "Freshness", "channel_freshness", "lag_quantiles"]
+__all__ = ["STEP_LEGS", "BatchTimes", "Freshness", "channel_freshness", "lag_quantiles"]
 
 QUANTILES = (0.5, 0.9, 0.99)
+
+STEP_LEGS = ("step_prepare", "step_checks", "step_job", "step_commit")
+"""The legs that split ``jobs_and_commit`` by the batch's steps in its sink (its preparing,
+the writer's checks, job and commit: spark_jobs.live.steps); the last is the rest."""
 
 
 def lag_quantiles(seconds: np.ndarray) -> dict[str, float]:
@@ -51,16 +55,20 @@ class Freshness:
     positives: int = 0
     """Rows labelled 1 (with immediate labels, each also left earlier as a negative)."""
     legs: dict[str, dict[str, float]] = field(default_factory=dict)
-    """produced -> committed by leg (``waiting``, ``planning``, ``jobs_and_commit``): quantiles
-    over the rows of the commits whose micro-batch's times were given."""
+    """produced -> committed by leg (``waiting``, ``planning``, ``jobs_and_commit``, and of the
+    last, where the batch's steps were timed, :data:`STEP_LEGS`): quantiles over the rows of
+    the commits whose micro-batch's times were given."""
 
 
 @dataclass(frozen=True)
 class BatchTimes:
-    """When a live stage's micro-batch began (epoch seconds) and how long it planned."""
+    """When a live stage's micro-batch began (epoch seconds), how long it planned, and how long
+    its writer spent on each step (seconds by step name, spark_jobs.live.steps; empty where the
+    writer did not time them)."""
 
     started_s: float
     planning_s: float
+    steps: Mapping[str, float] = field(default_factory=dict)
 
 
 def _micros(column: pa.ChunkedArray) -> np.ndarray:
@@ -85,7 +93,9 @@ def channel_freshness(
     result = Freshness(channel)
     produced: list[np.ndarray] = []
     events: list[np.ndarray] = []
-    legs: dict[str, list[np.ndarray]] = {"waiting": [], "planning": [], "jobs_and_commit": []}
+    legs: dict[str, list[np.ndarray]] = {
+        name: [] for name in ("waiting", "planning", "jobs_and_commit", *STEP_LEGS)
+    }
     for batch_id in found.commit_ids():
         commit = found.commit(batch_id)
         committed = datetime.fromisoformat(commit.committed_at)
@@ -118,10 +128,18 @@ def _add_legs(
     legs: dict[str, list[np.ndarray]], produced_us: np.ndarray, times: BatchTimes, committed_us: int
 ) -> None:
     """A commit's rows' legs: waiting (produced -> its batch began; none for a row its batch
-    read as it began), the batch's planning, its jobs and commit (the rest, to the commit)."""
+    read as it began), the batch's planning, its jobs and commit (the rest, to the commit); and
+    of the last, where the batch's steps were timed, Spark's preparing it, the writer's checks
+    and job, and the rest (the writer's commit, and the moments between the steps)."""
     started_us = times.started_s * 1e6
     rows = len(produced_us)
     legs["waiting"].append(np.maximum(started_us - produced_us, 0) / 1e6)
     legs["planning"].append(np.full(rows, times.planning_s))
-    jobs = (committed_us - started_us) / 1e6 - times.planning_s
-    legs["jobs_and_commit"].append(np.full(rows, max(jobs, 0.0)))
+    jobs = max((committed_us - started_us) / 1e6 - times.planning_s, 0.0)
+    legs["jobs_and_commit"].append(np.full(rows, jobs))
+    timed = [name for name in ("prepare", "checks", "job") if name in times.steps]
+    if len(timed) == 3:
+        for name in timed:
+            legs[f"step_{name}"].append(np.full(rows, times.steps[name]))
+        rest = jobs - sum(times.steps[name] for name in timed)
+        legs["step_commit"].append(np.full(rows, max(rest, 0.0)))

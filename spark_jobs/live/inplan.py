@@ -93,6 +93,7 @@ from spark_jobs.live.records import (
     sql_string,
     unmatched,
 )
+from spark_jobs.live.steps import BatchSteps, StepClock
 from spark_jobs.outputs import HandoffSink
 from spark_jobs.rows import missing, unusable_reason
 from spark_jobs.sinks import dead_letter_rows
@@ -277,6 +278,7 @@ class InPlanWriter:
         self.progress = parts.progress
         self.records_read: dict[int, int] = {}
         """Kafka records each batch read (all sources), by batch id."""
+        self.steps: BatchSteps = {}
         self._channel: Channel = training.channel
         self._schema: pa.Schema | None = None
         self._meta: ChannelMeta | None = None
@@ -355,6 +357,7 @@ class InPlanWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if batch_id <= min(self.training.last, self.ledger.last):
             return  # a replay of a batch already committed in full
+        clock = StepClock()
         changed = self.parts.dimensions.changed()
         if changed:
             raise DimensionsChangedError(
@@ -371,10 +374,12 @@ class InPlanWriter:
                     "(backpressure)"
                 )
         set_local_property(self.spark, BATCH_PROPERTY, str(batch_id))
+        clock.lap("checks")
         try:
             found = self._kept(batch, threshold).collect()
         finally:
             set_local_property(self.spark, BATCH_PROPERTY, None)
+        clock.lap("job")
         dropped = dropped_rows(self.spark, self.parts.query_name, dedup_kind)
         counts = batch_counts(self.stage, self._names, self._seen(found), dropped)
         self.records_read[batch_id] = records_read(counts)
@@ -400,6 +405,8 @@ class InPlanWriter:
             self.training.last = batch_id
         if ledger_due:
             self.pending.append_soon(batch_id)
+        clock.lap("commit")
+        self.steps[batch_id] = clock.seconds
 
     def _append(self, batch_id: int, letters: pa.Table, counts: dict[str, int]) -> None:
         """Append a batch's dead letters (:data:`_LETTERS`) with its counts to the ledger.

@@ -37,9 +37,17 @@ from spark_jobs.partitions import shuffle_partitions
 from spark_jobs.sources import read_kafka
 from spark_jobs.validate import REASON, barrier, parse_kafka, with_time_checks
 
-__all__ = ["STATE_STORES", "TRACK_STATE_ROWS", "LiveQuery", "spark_counts_state", "use_state_store"]
+__all__ = [
+    "JOIN_STATE_FORMAT",
+    "STATE_STORES",
+    "TRACK_STATE_ROWS",
+    "LiveQuery",
+    "spark_counts_state",
+    "use_state_store",
+]
 
 TRACK_STATE_ROWS = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
+JOIN_STATE_FORMAT = "spark.sql.streaming.join.stateFormatVersion"
 STATE_STORES: dict[str, dict[str, str]] = {
     "rocksdb": {
         "spark.sql.streaming.stateStore.providerClass": (
@@ -53,11 +61,20 @@ STATE_STORES: dict[str, dict[str, str]] = {
         # 0.75 s of CPU per task of the stateful stage, a batch of 50,000 on 2 cores. The report
         # reads the label join's state from the checkpoint instead (spark_jobs.live.batch_facts).
         TRACK_STATE_ROWS: "false",
+        # A stream-stream join's state in one store a partition (RocksDB's column families), not
+        # four: one commit, load and file sync where there were four. The label join's commit
+        # 0.64-0.80 -> 0.15-0.20 s of task time a batch, a batch 3.7-4.7 -> 3.1-3.5 s (medians,
+        # immediate labels at 2,000 impressions/s on 2 cores, three pairs of runs:
+        # docs/experiments/2026-12-07-live-batch-anatomy.md). RocksDB only.
+        JOIN_STATE_FORMAT: "3",
     },
     "memory": {
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
         ),
+        # Spark's default, named: a session that ran a RocksDB stage before has 3, which this
+        # store cannot keep.
+        JOIN_STATE_FORMAT: "2",
     },
 }
 """Spark's settings for each LiveStage.state_store; a new checkpoint records them, an existing

@@ -134,6 +134,7 @@ class LiveRun(StageRun[LiveStage]):
         self.progress(f"{self.stage.name}: streaming {topics} ({self.options.mode})")
         watch = Watch(
             records_read=writer.records_read,
+            steps=writer.steps,
             counts_state=spark_counts_state(self.stage.state_store),
         )
         supervisor = Supervisor(

@@ -54,6 +54,7 @@ from spark_jobs.live.records import (
     late_sql,
     unmatched,
 )
+from spark_jobs.live.steps import BatchSteps, StepClock
 from spark_jobs.outputs import TrainingSink
 from spark_jobs.rows import missing, unusable_letters, unusable_reason
 from spark_jobs.sinks import dead_letter_rows
@@ -75,10 +76,14 @@ class StreamWriter:
         self.spark, self.stage, self.ledger = parts.spark, parts.stage, parts.ledger
         self.records_read: dict[int, int] = {}
         """Kafka records each batch read (all sources), by batch id."""
+        self.steps: BatchSteps = {}
+        """Its steps' seconds, by batch id: ``checks``, then ``job`` (the jobs and both commits,
+        which overlap here)."""
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if batch_id <= min(self.training.last, self.ledger.last):
             return  # a replay of a batch already committed in full
+        clock = StepClock()
         # The joined rows are enriched (and derived) before the batch is cached: the counts (rows
         # that cannot train, keys an enrichment did not find) and the export read them, made once.
         # Every action on `batch` would run the stateful operators again: computed once, cached.
@@ -96,6 +101,7 @@ class StreamWriter:
         counted, failed = threading.Event(), threading.Event()
         planned: Future[tuple[DataFrame, DataFrame]] = Future()
         jobs = JobWatch(self.spark)
+        clock.lap("checks")
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="batch-writes") as pool:
                 exported = pool.submit(
@@ -125,6 +131,8 @@ class StreamWriter:
                 exported.result()
         finally:
             batch.unpersist()
+        clock.lap("job")
+        self.steps[batch_id] = clock.seconds
 
     def _plan_and_export(
         self,

@@ -38,6 +38,7 @@ from spark_jobs.live.lag import (
     event_time_delay,
     records_behind,
 )
+from spark_jobs.live.steps import STEPS, BatchSteps, step_metrics, with_prepare
 from spark_jobs.stage import Progress
 
 __all__ = [
@@ -101,6 +102,8 @@ class Watch:
     """Kafka records each batch read, by batch id, as its writer counted them (Spark's
     ``numInputRows`` counts a topic once per scan in the plan: once since ``_read_once``, but
     twice with ``spark.sql.exchange.reuse`` off)."""
+    steps: BatchSteps = field(default_factory=dict)
+    """The writer's steps' seconds, by batch id (spark_jobs.live.steps)."""
     rows_in: int = 0
     state_rows: int | None = None
     """Rows in the query's state after its last batch, as its progress says (None when the
@@ -145,6 +148,9 @@ def _line(batch_id: int, metrics: dict[str, float]) -> str:
         f"batch {batch_id}: {metrics['batch_rows_in']:,.0f} records in "
         f"{metrics['batch_duration_ms'] / 1000:.1f}s"
     )
+    steps = [s for s in STEPS if f"batch_{s}_ms" in metrics]
+    if steps:
+        said += " (" + ", ".join(f"{s} {metrics[f'batch_{s}_ms'] / 1000:.1f}s" for s in steps) + ")"
     if "kafka_lag" in metrics:
         said += (
             f"; {metrics['kafka_lag']:,.0f} records behind Kafka's latest "
@@ -195,11 +201,19 @@ def _poll(
             # breakdown, benchmarks/freshness.py); and when it started (epoch seconds).
             "batch_planning_ms": float(sum(data["durationMs"].get(k, 0) for k in _PLANNING)),
             "batch_started_s": epoch_seconds(data["timestamp"]),
+            # Where addBatch's time went (none for a replay the writer skipped).
+            **_steps(watch, int(data["batchId"]), data["durationMs"].get("addBatch", 0)),
             **({} if watch.state_rows is None else {"state_rows": float(watch.state_rows)}),
             **behind,
         }
         progress(_line(watch.last_batch, metrics))
         on_batch(metrics, watch.last_batch)
+
+
+def _steps(watch: Watch, batch_id: int, sink_ms: float) -> dict[str, float]:
+    """A batch's steps in its sink as metrics, once: Spark's preparing it, then the writer's."""
+    seconds = watch.steps.pop(batch_id, None)
+    return step_metrics(with_prepare(seconds, float(sink_ms))) if seconds else {}
 
 
 _PLANNING = ("latestOffset", "getBatch", "queryPlanning", "walCommit")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from flow.handoff import Channel
 from flow.handoff.format import Commit
@@ -71,3 +72,20 @@ def test_produced_to_committed_is_cut_into_legs_by_the_micro_batches_times(tmp_p
     assert found.legs["planning"]["p50"] == 0.5
     assert found.legs["jobs_and_commit"]["p99"] == 2.0
     assert found.produced_to_committed["max"] == 10.0  # every commit still counts here
+    assert not {"step_prepare", "step_checks", "step_job", "step_commit"} & set(found.legs)
+
+
+def test_the_batchs_jobs_and_commit_are_split_by_its_steps(tmp_path: Path) -> None:
+    committed = _channel(tmp_path)
+    # Batch 0: 2.5 s from its start to its commit, 0.5 s of it planning; Spark prepared it for
+    # 0.5 s, the writer spent 0.25 s on its checks and 1 s on its job, so 0.25 s went to the
+    # rest, the commit.
+    started = committed.timestamp() - 2.5
+    steps = {"prepare": 0.5, "checks": 0.25, "job": 1.0, "commit": 0.2}
+    times = BatchTimes(started_s=started, planning_s=0.5, steps=steps)
+    found = channel_freshness(str(tmp_path), "live", batches={0: times})
+    assert found.legs["jobs_and_commit"]["p50"] == 2.0
+    assert found.legs["step_prepare"]["p50"] == 0.5
+    assert found.legs["step_checks"]["p50"] == 0.25
+    assert found.legs["step_job"]["p50"] == 1.0
+    assert found.legs["step_commit"]["p50"] == pytest.approx(0.25)

@@ -87,9 +87,12 @@ LATEST = {"ctr.impressions": {0: 14, 1: 10}}
 
 
 def wait(
-    query: StandIn, stop: bool = False, options: RunOptions | None = None
+    query: StandIn,
+    stop: bool = False,
+    options: RunOptions | None = None,
+    watch: Watch | None = None,
 ) -> tuple[Watch, list[tuple[dict[str, float], int]], list[str]]:
-    watch = Watch()
+    watch = watch or Watch()
     batches: list[tuple[dict[str, float], int]] = []
     said: list[str] = []
     _await(
@@ -122,6 +125,28 @@ def test_each_batch_is_reported_once() -> None:
         "asked to stop; stopping the query",
     ]
     assert query.stopped
+
+
+def test_the_batchs_steps_join_its_metrics_and_line_once() -> None:
+    # The writer timed batch 0's steps (2.4 s of its sink's 2.5 s: Spark prepared it for
+    # 0.1 s); batch 1 was a replay it skipped, with no steps.
+    watch = Watch(steps={0: {"checks": 0.25, "job": 2.0, "commit": 0.15}})
+    sink = batch(0, 5, 3)
+    sink["durationMs"]["addBatch"] = 2500
+    _, batches, said = wait(StandIn([sink, batch(1, 2, 4)]), stop=True, watch=watch)
+    first, second = (metrics for metrics, _ in batches)
+    assert first["batch_prepare_ms"] == pytest.approx(100.0)
+    assert (first["batch_checks_ms"], first["batch_job_ms"], first["batch_commit_ms"]) == (
+        250.0,
+        2000.0,
+        150.0,
+    )
+    assert said[0].startswith(
+        "batch 0: 5 records in 0.0s (prepare 0.1s, checks 0.2s, job 2.0s, commit 0.1s);"
+    )
+    assert not [k for k in second if k.startswith(("batch_prepare", "batch_checks", "batch_job"))]
+    assert said[1].startswith("batch 1: 2 records in 0.0s;")
+    assert watch.steps == {}  # reported once, then let go
 
 
 def test_lag_is_measured_against_the_brokers_latest_offsets_once_the_batch_is_done() -> None:

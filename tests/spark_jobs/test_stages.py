@@ -55,7 +55,7 @@ from spark_jobs.jvm import executed_plan
 from spark_jobs.live import run as live_run
 from spark_jobs.live import run_live
 from spark_jobs.live.inplan import unsupported
-from spark_jobs.live.plan import TRACK_STATE_ROWS, LiveQuery
+from spark_jobs.live.plan import JOIN_STATE_FORMAT, TRACK_STATE_ROWS, LiveQuery
 from spark_jobs.live.run import IN_PLAN
 from spark_jobs.live.supervise import StreamFailedError
 from spark_jobs.report import StageReport
@@ -884,6 +884,7 @@ def test_what_is_pending_is_checked_against_the_events_the_label_join_holds(
         assert report.extra["events_in_join"] == held
         assert report.reconciled
     assert spark.conf.get(TRACK_STATE_ROWS) == "false"
+    assert spark.conf.get(JOIN_STATE_FORMAT) == "3"  # and the join's state was read back above
     assert metrics
     assert not [m for m in metrics if "state_rows" in m]  # Spark's count would say 0
     assert {k: r["label"] for k, r in rows_of(world, "live").items()} == {

@@ -65,7 +65,7 @@ def test_flow_train_is_the_trainer_and_bench_help_lists_the_benchmarks(tmp_path:
     assert trained.stdout.startswith("usage: python -m trainers train")
     listed = CliRunner().invoke(main, ["bench", "--help"])
     assert listed.exit_code == 0
-    assert "Benchmarks: commits, " in " ".join(listed.output.split())
+    assert "Benchmarks: batch_anatomy, commits, " in " ".join(listed.output.split())
 
 
 def test_a_benchmarks_help_starts_no_service(tmp_path: Path) -> None:
