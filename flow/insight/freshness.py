@@ -63,8 +63,8 @@ class Freshness:
 @dataclass(frozen=True)
 class BatchTimes:
     """When a live stage's micro-batch began (epoch seconds), how long it planned, and how long
-    its writer spent on each step (seconds by step name, spark_jobs.live.steps; empty where the
-    writer did not time them)."""
+    each step of its sink took (seconds by step name, spark_jobs.live.steps: Spark's preparing
+    it, the writer's checks, job and commit; empty where they were not timed)."""
 
     started_s: float
     planning_s: float
