@@ -31,12 +31,10 @@ from typing import Any
 from _results import save
 
 from flow.console import console
+from spark_jobs.live.steps import BEFORE_SINK
 
 NEEDS_SERVICES = False  # it reads a file
 NEEDS_SPARK = False
-
-_BEFORE_SINK = ("latestOffset", "walCommit", "getBatch", "queryPlanning")
-"""Spark's steps of a micro-batch before its sink (``addBatch``), in the order they run."""
 
 
 @dataclass
@@ -114,13 +112,13 @@ def anatomy(log: EventLog, first: int, last: int) -> dict[str, list[float]]:
             continue
         steps = progress["durationMs"]
         started = _epoch_ms(progress["timestamp"])
-        sink_at = started + sum(steps.get(k, 0) for k in _BEFORE_SINK)
+        sink_at = started + sum(steps.get(k, 0) for k in BEFORE_SINK)
         main = max(mine, key=lambda j: j.ended_ms - j.started_ms)
         stages = sorted(s for s in main.stages if s in log.stages)
         tasks = [t for s in stages for t in log.tasks.get(s, [])]
         last_started, last_ended = log.stages[stages[-1]] if stages else (main.started_ms,) * 2
         rows["batch (triggerExecution)"].append(steps.get("triggerExecution", 0))
-        for key in _BEFORE_SINK:
+        for key in BEFORE_SINK:
             rows[f"Spark: {key}"].append(steps.get(key, 0))
         rows["sink: before its main job"].append(main.started_ms - sink_at)
         rows["  small jobs beside it, summed"].append(

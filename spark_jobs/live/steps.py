@@ -21,7 +21,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["STEPS", "BatchSteps", "StepClock", "step_metrics", "with_prepare"]
+__all__ = ["BEFORE_SINK", "STEPS", "BatchSteps", "StepClock", "step_metrics", "with_prepare"]
+
+BEFORE_SINK = ("latestOffset", "walCommit", "getBatch", "queryPlanning")
+"""A micro-batch's steps before its sink (Spark's ``durationMs`` keys), in the order they run:
+its offsets fixed, its write-ahead log, its plan."""
 
 STEPS = ("prepare", "checks", "job", "commit")
 """A batch's steps in its ``foreachBatch``, in the order they run."""

@@ -38,7 +38,7 @@ from spark_jobs.live.lag import (
     event_time_delay,
     records_behind,
 )
-from spark_jobs.live.steps import STEPS, BatchSteps, step_metrics, with_prepare
+from spark_jobs.live.steps import BEFORE_SINK, STEPS, BatchSteps, step_metrics, with_prepare
 from spark_jobs.stage import Progress
 
 __all__ = [
@@ -199,7 +199,7 @@ def _poll(
             "batch_sink_ms": float(data["durationMs"].get("addBatch", 0)),
             # Before the batch's jobs: its offsets fixed, its plan made (freshness's
             # breakdown, benchmarks/freshness.py); and when it started (epoch seconds).
-            "batch_planning_ms": float(sum(data["durationMs"].get(k, 0) for k in _PLANNING)),
+            "batch_planning_ms": float(sum(data["durationMs"].get(k, 0) for k in BEFORE_SINK)),
             "batch_started_s": epoch_seconds(data["timestamp"]),
             # Where addBatch's time went (none for a replay the writer skipped).
             **_steps(watch, int(data["batchId"]), data["durationMs"].get("addBatch", 0)),
@@ -214,10 +214,6 @@ def _steps(watch: Watch, batch_id: int, sink_ms: float) -> dict[str, float]:
     """A batch's steps in its sink as metrics, once: Spark's preparing it, then the writer's."""
     seconds = watch.steps.pop(batch_id, None)
     return step_metrics(with_prepare(seconds, float(sink_ms))) if seconds else {}
-
-
-_PLANNING = ("latestOffset", "getBatch", "queryPlanning", "walCommit")
-"""A micro-batch's steps before its jobs (Spark's ``durationMs`` keys)."""
 
 
 def _failure(query: StreamingQuery, watch: Watch) -> StreamFailedError | None:
