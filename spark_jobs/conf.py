@@ -52,6 +52,7 @@ REQUIRED_CLASSES = {
     "Delta (delta-spark)": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "Kafka (spark-sql-kafka)": "org.apache.spark.sql.kafka010.KafkaSourceProvider",
     "SQLite JDBC (sqlite-jdbc)": "org.sqlite.JDBC",
+    "Primus Flow's operators (flow.stack.project_jar)": "flow.spark.ImmediatePositives",
 }
 
 

@@ -9,10 +9,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from flow.pipeline.model import Enrich, LabelJoin
+from flow.pipeline.schema import interval_seconds
 from flow.pipeline.sources import PRODUCED_AT
+from spark_jobs.jvm import project_operator
 
 __all__ = [
     "FOUND_PREFIX",
+    "POSITIVES",
     "UNMATCHED",
     "dedup_kind",
     "deduplicated",
@@ -145,6 +148,7 @@ def label_stream_immediate(
     label_watermark: str,
     *,
     event_key: str | None = None,
+    positives: str = "processor",
 ) -> DataFrame:
     """The ``immediate`` strategy: every event at once as a negative, and again as a positive
     when its label event arrives within the window (a right outer stream-stream join: a label
@@ -154,7 +158,7 @@ def label_stream_immediate(
     The events are read twice, once per branch; each branch drops repeated events within the
     watermark by itself. The positive branch deduplicates on a key of its own name
     (:func:`dedup_kind` tells its drops apart), so repeats and late events are counted once, by
-    the negative branch, which sees every event.
+    the negative branch, which sees every event. ``positives``: one of :data:`POSITIVES`.
     """
     negatives = deduplicated(events, event_time, event_watermark, event_key).select(
         *[F.col(c) for c in events.columns],
@@ -164,18 +168,71 @@ def label_stream_immediate(
     )
     again = events.withColumn(_AGAIN, F.col(event_key or label.key))
     candidates = deduplicated(again, event_time, event_watermark, _AGAIN)
+    matches = _matches(labels, label, label_event_time, label_watermark)
+    if positives == "processor":
+        found = _processed_positives(candidates.select(*events.columns), matches, label, event_time)
+        return negatives.unionByName(found)
     joined = candidates.join(
-        _matches(labels, label, label_event_time, label_watermark),
+        matches,
         (F.col(label.key) == F.col(_KEY)) & _window_condition(label, event_time),
         "rightOuter",
     )
-    positives = joined.select(
+    found = joined.select(
         *_event_columns(events),
         F.lit(1.0).alias(label.label),
         F.col(_TIME).alias(label.label_time),
         _unmatched(event_time),
     )
-    return negatives.unionByName(positives)
+    return negatives.unionByName(found)
+
+
+POSITIVES = ("processor", "join")
+"""How the immediate strategy pairs events with their label events: ``processor``, Primus
+Flow's own transformWithState operator (flow.spark.ImmediatePositives: event-time timers, so a
+batch costs what it reads and what expires), or ``join``, Spark's right outer stream-stream join,
+which scans all of its state every batch to find what to evict (SPARK-55144); it stays for the
+checkpoints made with it and for the memory state store, which transformWithState does not run
+on. Both emit the same rows."""
+
+_SIDE = "_label_side"
+_GROUP = "_label_group"
+_NULL_KEY = "\u0000"
+"""The processor's group for label events without a key: they label nothing and come out alone
+(UNMATCHED) once the watermark passes them, as from the join."""
+
+
+def _processed_positives(
+    candidates: DataFrame, matches: DataFrame, label: LabelJoin, event_time: str
+) -> DataFrame:
+    """The join's rows, from the processor: the events (without a key they match nothing) and
+    the label events in one frame, grouped by the key as a string."""
+    columns = candidates.columns
+    events = candidates.where(F.col(label.key).isNotNull()).select(
+        *columns, F.col(label.key).cast("string").alias(_GROUP), F.lit(True).alias(_SIDE)
+    )
+    labelled = matches.select(
+        F.coalesce(F.col(_KEY).cast("string"), F.lit(_NULL_KEY)).alias(_GROUP),
+        F.lit(False).alias(_SIDE),
+        _TIME,
+        _PRODUCED,
+    )
+    both = events.unionByName(labelled, allowMissingColumns=True)
+    window = interval_seconds(label.window, "LabelJoin.window") * 1_000_000
+    return project_operator(
+        both,
+        "ImmediatePositives",
+        _GROUP,
+        columns,
+        _SIDE,
+        event_time,
+        PRODUCED_AT if PRODUCED_AT in columns else None,
+        _TIME,
+        _PRODUCED,
+        window,
+        label.label,
+        label.label_time,
+        UNMATCHED,
+    )
 
 
 def deduplicated(events: DataFrame, event_time: str, watermark: str, key: str | None) -> DataFrame:

@@ -51,6 +51,7 @@ __all__ = [
     "launch_conf",
     "local_property",
     "make_current",
+    "project_operator",
     "set_job_group",
     "set_local_property",
     "standalone_jvm",
@@ -320,6 +321,24 @@ def cache_builder(df: DataFrame) -> JavaObject | None:
         return df._jdf.queryExecution().withCachedData().cacheBuilder()
     except Py4JError:  # the plan is not an InMemoryRelation
         return None
+
+
+def project_operator(df: DataFrame, name: str, *args: Any) -> DataFrame:
+    """``df`` through one of Primus Flow's own Spark operators (the JVM class
+    ``flow.spark.<name>``'s static ``apply(Dataset<Row>, ...)``, from the project's jar:
+    flow.stack.project_jar), as a DataFrame again. Python lists among ``args`` reach Java as
+    ``java.util.List``.
+
+    Reaches ``DataFrame._jdf`` and ``SparkSession._jvm``, and wraps the Java Dataset it gets back
+    with pyspark's ``DataFrame(jdf, session)``. No public way: pyspark runs JVM code on a
+    DataFrame only through its own API (a ``transformWithState`` processor, for one, can only be
+    written in Python there, which costs a socket round trip per state access).
+    """
+    from pyspark.sql import DataFrame as Frame
+
+    spark = df.sparkSession
+    operator = getattr(jvm(spark).flow.spark, name)
+    return Frame(operator.apply(df._jdf, *args), spark)
 
 
 def last_execution(query: StreamingQuery) -> JavaObject:

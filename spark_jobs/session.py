@@ -22,6 +22,7 @@ from flow.config import LOOPBACK, StackConfig
 from flow.errors import SparkSetupError
 from flow.secrets import is_secret
 from flow.stack import jars
+from flow.stack.project_jar import project_jar
 from spark_jobs.conf import (
     CONNECTORS_KEY,
     connectors_given,
@@ -56,7 +57,8 @@ def _check_pyspark() -> None:
 
 def stack_jars(stack: StackConfig, connectors: frozenset[str] | None = None) -> jars.ResolvedJars:
     """The Spark connector jars (of ``connectors`` only, and Iceberg's; None: all), plus S3's
-    (Iceberg S3FileIO, Hadoop S3A) when a location is in S3."""
+    (Iceberg S3FileIO, Hadoop S3A) when a location is in S3, and the project's own (its Spark
+    operators, compiled on first use: flow.stack.project_jar)."""
     resolved = jars.resolve("spark", stack)
     if connectors is not None:
         optional = jars.PROFILES["spark"].connectors
@@ -68,7 +70,10 @@ def stack_jars(stack: StackConfig, connectors: frozenset[str] | None = None) -> 
         resolved = jars.ResolvedJars(
             "spark+s3", resolved.folder, resolved.jars + s3.jars, resolved.driver_classpath
         )
-    return resolved
+    own = project_jar(stack.jar_cache, jars.pyspark_jars_dir())
+    return jars.ResolvedJars(
+        resolved.profile, resolved.folder, (*resolved.jars, own), resolved.driver_classpath
+    )
 
 
 def _missing_classes(jvm: Any, connectors: frozenset[str] | None) -> list[str]:

@@ -21,6 +21,7 @@ __all__ = [
     "check_interval",
     "check_trigger",
     "did_you_mean",
+    "interval_seconds",
 ]
 
 FieldType = Literal[
@@ -119,6 +120,16 @@ def check_interval(value: str, what: str) -> None:
         raise ConfigError(
             f"{what}={value!r} is not an interval; write e.g. '30 seconds', '10 minutes'"
         )
+
+
+_UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def interval_seconds(value: str, what: str) -> int:
+    """An interval :func:`check_interval` accepts, in seconds."""
+    check_interval(value, what)
+    count, unit = value.split()
+    return int(count) * _UNIT_SECONDS[unit.rstrip("s")]
 
 
 def check_trigger(value: str, what: str) -> None:

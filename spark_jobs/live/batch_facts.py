@@ -39,7 +39,15 @@ from pyspark.sql import functions as F
 from flow.storage import Location
 from spark_jobs.jvm import last_execution
 
-__all__ = ["Dropped", "dropped_rows", "events_in_join", "late_threshold_ms", "observed_metrics"]
+__all__ = [
+    "Dropped",
+    "dropped_rows",
+    "events_in_join",
+    "holds_a_join",
+    "late_threshold_ms",
+    "observed_metrics",
+    "state_operators",
+]
 
 
 def late_threshold_ms(checkpoint: Location, batch_id: int) -> int:
@@ -137,6 +145,20 @@ def _is_dedup(node: Any) -> bool:
 
 _JOIN = "symmetricHashJoin"
 """The stream-stream join's operator name in a checkpoint's state metadata."""
+
+
+def state_operators(spark: SparkSession, checkpoint: Location) -> set[str]:
+    """The names of the stateful operators whose state ``checkpoint`` holds (Spark's, as in
+    its state metadata: ``symmetricHashJoin``, ``transformWithStateExec``, ...); none for a
+    checkpoint not made yet."""
+    rows = spark.read.format("state-metadata").load(checkpoint.hadoop_uri).collect()
+    return {str(row["operatorName"]) for row in rows}
+
+
+def holds_a_join(spark: SparkSession, checkpoint: Location) -> bool:
+    """Whether ``checkpoint`` was made by a query with a stream-stream join (whose state a
+    query without one could not take over)."""
+    return _JOIN in state_operators(spark, checkpoint)
 
 
 def events_in_join(spark: SparkSession, checkpoint: Location, batch_id: int) -> int | None:

@@ -29,6 +29,7 @@ from flow.pipeline.run import RunOptions
 from flow.pipeline.sources import PRODUCED_AT, KafkaSource
 from flow.storage import Location
 from spark_jobs.joins import deduplicated, label_stream, label_stream_immediate
+from spark_jobs.live.batch_facts import holds_a_join
 from spark_jobs.live.inplan import InPlanWriter
 from spark_jobs.live.records import KIND, record_column
 from spark_jobs.live.stream_writer import StreamWriter
@@ -144,6 +145,8 @@ class LiveQuery:
         self.labels = (stage.label, _kafka(pipeline, stage.label.source)) if stage.label else None
         self.name = f"{pipeline.name}.{stage.name}"
         """The query's name (Spark's ``queryName``), by which its batches' plans are found."""
+        self.positives = "processor"
+        """The immediate strategy's operator for its positives (:meth:`choose_positives`)."""
 
     @property
     def sources(self) -> list[tuple[str, KafkaSource]]:
@@ -203,8 +206,19 @@ class LiveQuery:
         if self.labels is None:
             return deduplicated(rows, events.event_time, events.watermark, key) if key else rows
         label, source = self.labels
-        join = label_stream_immediate if label.strategy == "immediate" else label_stream
-        return join(
+        if label.strategy == "immediate":
+            return label_stream_immediate(
+                rows,
+                self._valid(parsed[label.source], source),
+                label,
+                events.event_time,
+                events.watermark,
+                source.event_time,
+                source.watermark,
+                event_key=key,
+                positives=self.positives,
+            )
+        return label_stream(
             rows,
             self._valid(parsed[label.source], source),
             label,
@@ -215,6 +229,17 @@ class LiveQuery:
             event_key=key,
         )
 
+    def choose_positives(self, checkpoint: Location) -> str:
+        """How the immediate strategy will find its positives (spark_jobs.joins.POSITIVES):
+        the processor, unless the state store is the memory one (transformWithState runs on
+        RocksDB only) or ``checkpoint`` was made with the join (its state is the join's: the
+        query keeps it, as it keeps the settings it was made with)."""
+        if self.stage.state_store != "rocksdb":
+            self.positives = "join"
+        else:
+            self.positives = "join" if holds_a_join(self.spark, checkpoint) else "processor"
+        return self.positives
+
     def start(
         self, checkpoint: Location, writer: StreamWriter | InPlanWriter, watch: Watch
     ) -> StreamingQuery:
@@ -223,6 +248,8 @@ class LiveQuery:
         # made with).
         self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "min")
         use_state_store(self.spark, self.stage.state_store)
+        if self.labels is not None and self.labels[0].strategy == "immediate":
+            self.choose_positives(checkpoint)
         partitions = self.partitions()
         if partitions is not None:
             self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))

@@ -12,8 +12,12 @@ import pytest
 from pyspark.sql import SparkSession
 
 from flow.config import StackConfig
+from spark_jobs.live.plan import STATE_STORES, use_state_store
 from spark_jobs.session import get_session
 from tests.spark_jobs.test_stages import TS, Lake, m
+
+WATERMARKS = "spark.sql.streaming.multipleWatermarkPolicy"
+ZONE = "spark.sql.session.timeZone"
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +25,23 @@ def spark(running_stack: StackConfig) -> Iterator[SparkSession]:
     session = get_session(running_stack, app_name="primus-flow-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def rocksdb(spark: SparkSession) -> Iterator[SparkSession]:
+    """The session with the stage's default store (transformWithState runs on RocksDB only),
+    and the settings it had before given back after the test."""
+    keys = [*STATE_STORES["rocksdb"], WATERMARKS, ZONE]  # (as the stage starts with them)
+    before = {key: spark.conf.get(key, None) for key in keys}
+    use_state_store(spark, "rocksdb")
+    spark.conf.set(WATERMARKS, "min")
+    spark.conf.set(ZONE, "UTC")
+    yield spark
+    for key, value in before.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
 
 
 @pytest.fixture

@@ -109,6 +109,7 @@ def test_a_session_without_delta_asks_for_neither_its_extension_nor_its_classes(
     assert set(required_classes(frozenset())) == {
         "Iceberg (iceberg-spark-runtime)",
         "SQLite JDBC (sqlite-jdbc)",
+        "Primus Flow's operators (flow.stack.project_jar)",
     }
     assert "Kafka (spark-sql-kafka)" in required_classes(frozenset({"kafka"}))
     assert required_classes(None) == REQUIRED_CLASSES

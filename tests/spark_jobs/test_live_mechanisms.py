@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
@@ -29,7 +29,7 @@ from spark_jobs import partitions, validate
 from spark_jobs.conf import session_conf
 from spark_jobs.features import Featurizer
 from spark_jobs.jvm import codegen_text, executed_plan
-from spark_jobs.live import inplan
+from spark_jobs.live import inplan, plan
 from spark_jobs.live.batch_facts import Dropped
 from spark_jobs.live.counts import Seen
 from spark_jobs.live.parts import WriterParts
@@ -59,8 +59,12 @@ class _PlannedError(Exception):
     """Raised where the query would build its frame: the settings are made by then."""
 
 
-def _query(tmp_path: Path, partitions: int | None = None) -> tuple[LiveQuery, _Conf]:
-    pipeline = ctr_streaming()
+def _query(
+    tmp_path: Path,
+    partitions: int | None = None,
+    strategy: Literal["window", "immediate"] = "window",
+) -> tuple[LiveQuery, _Conf]:
+    pipeline = ctr_streaming(label_strategy=strategy)
     stage = replace(pipeline.stage("live", LiveStage), partitions=partitions)
     conf = _Conf()
     spark = cast(SparkSession, SimpleNamespace(conf=conf))
@@ -68,11 +72,14 @@ def _query(tmp_path: Path, partitions: int | None = None) -> tuple[LiveQuery, _C
     return LiveQuery(spark, stack, pipeline, stage, RunOptions()), conf
 
 
-def _started(query: LiveQuery, monkeypatch: pytest.MonkeyPatch) -> None:
+def _started(
+    query: LiveQuery, monkeypatch: pytest.MonkeyPatch, *, made_with_a_join: bool = False
+) -> None:
     def frame(_self: LiveQuery, _writer: Any = None) -> DataFrame:
         raise _PlannedError
 
     monkeypatch.setattr(LiveQuery, "stream_frame", frame)
+    monkeypatch.setattr(plan, "holds_a_join", lambda _spark, _checkpoint: made_with_a_join)
     with pytest.raises(_PlannedError):
         query.start(cast(Any, None), cast(Any, None), Watch())
 
@@ -102,6 +109,25 @@ def test_the_query_starts_with_the_smallest_watermark_its_store_and_its_partitio
     assert conf.set_to[TRACK_STATE_ROWS] == "false"  # the stage's store: RocksDB by default
     assert conf.set_to[JOIN_STATE_FORMAT] == "3"
     assert conf.set_to["spark.sql.shuffle.partitions"] == "3"
+    assert query.positives == "processor"
+
+
+def test_immediate_positives_come_from_the_processor_unless_a_join_came_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processor (transformWithState, event-time timers) is the default: Spark's stream-
+    stream join scans its whole state every batch, so its batches grow with the window's
+    impressions (SPARK-55144). A checkpoint made with the join keeps it (the processor cannot
+    take its state over), and so does the memory store (transformWithState needs RocksDB)."""
+    query, _conf = _query(tmp_path, 2, strategy="immediate")
+    _started(query, monkeypatch)
+    assert query.positives == "processor"
+    _started(query, monkeypatch, made_with_a_join=True)
+    assert query.positives == "join"
+    in_memory, _conf = _query(tmp_path, 2, strategy="immediate")
+    in_memory.stage = replace(in_memory.stage, state_store="memory")
+    _started(in_memory, monkeypatch)
+    assert in_memory.positives == "join"
 
 
 class _Launched:

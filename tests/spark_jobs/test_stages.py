@@ -596,11 +596,12 @@ def _two_impressions_a_bad_record_and_a_click(world: Lake) -> None:
 
 @pytest.mark.parametrize("strategy", ["window", "immediate"])
 def test_a_live_stage_reads_each_topic_once_a_batch(
-    spark: SparkSession, world: Lake, tmp_path: Path, strategy: LabelStrategy
+    rocksdb: SparkSession, world: Lake, tmp_path: Path, strategy: LabelStrategy
 ) -> None:
     """The stage's plan uses a topic's records two or three times (the accounting, the join;
-    ``immediate`` joins the events twice); Spark's own count of rows read says each record is
-    read once, the bad one included."""
+    ``immediate`` pairs the events with the clicks again, in its processor); Spark's own count
+    of rows read says each record is read once, the bad one included."""
+    spark = rocksdb  # the stage's store (the immediate strategy's processor needs it)
     pipeline = world.pipeline(strategy)
     stage = pipeline.stage("live", LiveStage)
     _two_impressions_a_bad_record_and_a_click(world)
