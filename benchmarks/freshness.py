@@ -48,6 +48,8 @@ from flow.insight.freshness import BatchTimes, channel_freshness, lag_quantiles
 from flow.storage import namespace_locations
 from flow.workflows.demo import DemoSize, run_demo
 from flow.workflows.demo_summary import summarize
+from spark_jobs.joins import POSITIVES
+from spark_jobs.live.plan import POSITIVES_KEY
 from spark_jobs.live.steps import STEPS
 
 NEEDS_SPARK = False  # it submits its own Spark job, as `flow run` does
@@ -209,7 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--drain", type=float, default=120.0, help="seconds more for the clicks still to come"
     )
-    parser.add_argument("--trigger", default="10 seconds", help="micro-batch interval")
+    # 0 s: issue 47's design (a batch starts when the last one ends; a wait for the trigger is
+    # no leg of its own).
+    parser.add_argument("--trigger", default="0 seconds", help="micro-batch interval")
     parser.add_argument("--per-batch", type=int, default=100_000, help="impressions per batch")
     parser.add_argument("--labels", choices=("immediate", "window"), default="immediate")
     parser.add_argument("--days", type=int, default=1, help="days of history for the backfill")
@@ -221,6 +225,13 @@ def main(argv: list[str] | None = None) -> None:
         help="the trainer waits for full batches across commits (before whole commits)",
     )
     parser.add_argument(
+        "--positives",
+        choices=POSITIVES,
+        default="processor",
+        help="the immediate strategy's operator for its positives (processor: the project's "
+        "transformWithState one; join: Spark's stream-stream join, before issue 47)",
+    )
+    parser.add_argument(
         "--master", help="run the Spark job on this master (spark://..., yarn, k8s://...)"
     )
     parser.add_argument(
@@ -230,14 +241,18 @@ def main(argv: list[str] | None = None) -> None:
         "--compare",
         action="store_true",
         help=f"first run the design before issue 47 ({BEFORE['trigger']} trigger, full "
-        "batches), then this one, and print both breakdowns",
+        "batches, the stream-stream join), then this one, and print both breakdowns",
     )
     args = parser.parse_args(argv)
 
     from flow.cli.local import stack_up
 
     stack = stack_up()
-    chosen = {"trigger": args.trigger, "full_batches": args.full_batches}
+    chosen = {
+        "trigger": args.trigger,
+        "full_batches": args.full_batches,
+        "positives": args.positives,
+    }
     designs = {"before": BEFORE, "chosen": chosen} if args.compare else {"chosen": chosen}
     runs = {name: _run(stack, args, **design) for name, design in designs.items()}
     summary = runs["chosen"]
@@ -251,13 +266,19 @@ def main(argv: list[str] | None = None) -> None:
     out.print(f"results: {path}" + (f", plot: {plot}" if plot else ""))
 
 
-BEFORE: dict[str, Any] = {"trigger": "10 seconds", "full_batches": True}
-"""The design ``--compare`` measures first: a 10 s trigger, and a trainer that waited for full
-batches across commits (``flow bench freshness`` before issue 47)."""
+BEFORE: dict[str, Any] = {"trigger": "10 seconds", "full_batches": True, "positives": "join"}
+"""The design ``--compare`` measures first: a 10 s trigger, a trainer that waited for full
+batches across commits, and the positives from Spark's stream-stream join (``flow bench
+freshness`` before issue 47)."""
 
 
 def _run(
-    stack: StackConfig, args: argparse.Namespace, *, trigger: str, full_batches: bool
+    stack: StackConfig,
+    args: argparse.Namespace,
+    *,
+    trigger: str,
+    full_batches: bool,
+    positives: str,
 ) -> dict[str, Any]:
     """One run of the demo's workflow at the bench's size, and its figures."""
     from flow.cli.jobs import spark_launcher
@@ -282,6 +303,8 @@ def _run(
     launch = spark_launcher(stack)
     options = ["--master", args.master] if args.master else []
     options += [item for conf in args.conf for item in ("--conf", conf)]
+    if positives != "processor":  # (the processor: the stage's own choice on a new checkpoint)
+        options += ["--conf", f"{POSITIVES_KEY}={positives}"]
 
     def spark(app: Sequence[str], env: dict[str, str]) -> int:
         return launch([*options, *app], env)
@@ -290,7 +313,11 @@ def _run(
     summary = summarize(stack, parent, namespace=NAMESPACE)
     summary["stage_lag"] = _stage_lag(stack, parent)
     summary["breakdown"] = breakdown(stack, parent, summary)
-    summary["args"] = vars(args) | {"trigger": trigger, "full_batches": full_batches}
+    summary["args"] = vars(args) | {
+        "trigger": trigger,
+        "full_batches": full_batches,
+        "positives": positives,
+    }
     summary["args"].pop("compare", None)
     series = _series(stack, parent)
     summary["produced_to_trained_series"] = series

@@ -144,6 +144,16 @@ def jars_fetch(profiles: tuple[str, ...], verify: bool) -> None:
             f"{resolved.profile}: {len(resolved.jars)} jars, {size:.0f} MB in "
             f"{escape(str(resolved.folder))} ({seconds:.1f}s)"
         )
+    if "spark" in names:  # Spark's jobs take the project's own operators too: compiled now
+        from flow.stack.project_jar import project_jar
+
+        started = time.monotonic()
+        with console.status("compiling Primus Flow's Spark operators ..."):
+            own = project_jar(stack.jar_cache, jarmod.pyspark_jars_dir())
+        console.print(
+            f"operators: {escape(str(own))} ({time.monotonic() - started:.1f}s; "
+            "built once per source, pyspark and JDK)"
+        )
 
 
 @jars.command("list")

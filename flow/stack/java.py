@@ -17,7 +17,7 @@ __all__ = ["MIN_JAVA", "JavaRuntime", "find_java"]
 MIN_JAVA = 17
 
 _INSTALL_HINT = (
-    "install a Java 17+ runtime (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) "
+    "install a Java 17+ JDK (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless) "
     "or point JAVA_HOME at one"
 )
 

@@ -111,9 +111,9 @@ def project_jar(jar_cache: Path, spark_jars: Path) -> Path:
                 f"{(done.stderr or done.stdout).strip()[-2000:]}"
             )
         staged = Path(build) / target.name
-        with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as jar:
+        with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as archive:
             for path in sorted(classes.rglob("*")):
                 if path.is_file():
-                    jar.write(path, path.relative_to(classes).as_posix())
+                    archive.write(path, path.relative_to(classes).as_posix())
         os.replace(staged, target)
     return target

@@ -28,7 +28,7 @@ from flow.pipeline.model import LiveStage, Pipeline
 from flow.pipeline.run import RunOptions
 from flow.pipeline.sources import PRODUCED_AT, KafkaSource
 from flow.storage import Location
-from spark_jobs.joins import deduplicated, label_stream, label_stream_immediate
+from spark_jobs.joins import POSITIVES, deduplicated, label_stream, label_stream_immediate
 from spark_jobs.live.batch_facts import holds_a_join
 from spark_jobs.live.inplan import InPlanWriter
 from spark_jobs.live.records import KIND, record_column
@@ -40,6 +40,7 @@ from spark_jobs.validate import REASON, barrier, parse_kafka, with_time_checks
 
 __all__ = [
     "JOIN_STATE_FORMAT",
+    "POSITIVES_KEY",
     "STATE_STORES",
     "TRACK_STATE_ROWS",
     "LiveQuery",
@@ -47,6 +48,9 @@ __all__ = [
     "use_state_store",
 ]
 
+POSITIVES_KEY = "spark.flow.positives"
+"""A Spark setting that names the immediate strategy's operator for its positives (one of
+spark_jobs.joins.POSITIVES) instead of the stage's choice (LiveQuery.choose_positives)."""
 TRACK_STATE_ROWS = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
 JOIN_STATE_FORMAT = "spark.sql.streaming.join.stateFormatVersion"
 STATE_STORES: dict[str, dict[str, str]] = {
@@ -232,12 +236,26 @@ class LiveQuery:
     def choose_positives(self, checkpoint: Location) -> str:
         """How the immediate strategy will find its positives (spark_jobs.joins.POSITIVES):
         the processor, unless the state store is the memory one (transformWithState runs on
-        RocksDB only) or ``checkpoint`` was made with the join (its state is the join's: the
-        query keeps it, as it keeps the settings it was made with)."""
-        if self.stage.state_store != "rocksdb":
+        RocksDB only), ``checkpoint`` was made with the join (its state is the join's: the
+        query keeps it, as it keeps the settings it was made with), or the job was launched
+        with ``--conf spark.flow.positives=join``."""
+        asked = self.spark.conf.get(POSITIVES_KEY, None)
+        if asked is not None and asked not in POSITIVES:
+            raise ConfigError(
+                f"--conf {POSITIVES_KEY}={asked}: write one of {', '.join(POSITIVES)}, or leave "
+                "it out (the processor, or the join where the checkpoint was made with it)"
+            )
+        if self.stage.state_store != "rocksdb" or asked == "join":
             self.positives = "join"
-        else:
-            self.positives = "join" if holds_a_join(self.spark, checkpoint) else "processor"
+            return self.positives
+        made_with_a_join = holds_a_join(self.spark, checkpoint)
+        if made_with_a_join and asked == "processor":
+            raise ConfigError(
+                f"--conf {POSITIVES_KEY}=processor: the checkpoint {checkpoint} was made with "
+                "the label join, whose state the processor cannot take over; leave the setting "
+                "out to keep the join, or start the stage on a new checkpoint"
+            )
+        self.positives = "join" if made_with_a_join else "processor"
         return self.positives
 
     def start(

@@ -100,10 +100,12 @@ def _steps(spark: SparkSession, root: Path, positives: str) -> list[Seen]:
             (root / name).mkdir(parents=True, exist_ok=True)
             (root / name / f"{n}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
         seen += _run(spark, root, positives)
-    return [
-        (key, *(t.replace(tzinfo=UTC) if t else None for t in times), unmatched)  # type: ignore[misc]
-        for key, *times, unmatched in seen
-    ]
+    return [(key, _utc(ts), _utc(at), _utc(made), gone) for key, ts, at, made, gone in seen]
+
+
+def _utc(time: datetime | None) -> datetime | None:
+    """A time Spark handed back (naive, in the session's zone: UTC), made aware."""
+    return time.replace(tzinfo=UTC) if time is not None else None
 
 
 @pytest.mark.parametrize("positives", ["processor", "join"])

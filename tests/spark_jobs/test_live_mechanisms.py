@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from flow.config import StackConfig
+from flow.errors import ConfigError
 from flow.pipeline import FeatureSpec, Vocabulary
 from flow.pipeline.features import MAX_VOCABULARY
 from flow.pipeline.model import LiveStage
@@ -35,6 +36,7 @@ from spark_jobs.live.counts import Seen
 from spark_jobs.live.parts import WriterParts
 from spark_jobs.live.plan import (
     JOIN_STATE_FORMAT,
+    POSITIVES_KEY,
     STATE_STORES,
     TRACK_STATE_ROWS,
     LiveQuery,
@@ -53,6 +55,9 @@ class _Conf:
 
     def set(self, key: str, value: str) -> None:
         self.set_to[key] = value
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.set_to.get(key, default)
 
 
 class _PlannedError(Exception):
@@ -128,6 +133,21 @@ def test_immediate_positives_come_from_the_processor_unless_a_join_came_first(
     in_memory.stage = replace(in_memory.stage, state_store="memory")
     _started(in_memory, monkeypatch)
     assert in_memory.positives == "join"
+
+
+def test_the_positives_operator_can_be_named_at_launch_and_a_wrong_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    query, conf = _query(tmp_path, 2, strategy="immediate")
+    conf.set(POSITIVES_KEY, "join")
+    _started(query, monkeypatch)
+    assert query.positives == "join"
+    conf.set(POSITIVES_KEY, "processor")
+    with pytest.raises(ConfigError, match=r"made with the label join.*new checkpoint"):
+        _started(query, monkeypatch, made_with_a_join=True)
+    conf.set(POSITIVES_KEY, "procesor")
+    with pytest.raises(ConfigError, match=r"positives=procesor: write one of processor"):
+        _started(query, monkeypatch)
 
 
 class _Launched:
