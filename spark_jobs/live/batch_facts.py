@@ -150,7 +150,9 @@ _JOIN = "symmetricHashJoin"
 def state_operators(spark: SparkSession, checkpoint: Location) -> set[str]:
     """The names of the stateful operators whose state ``checkpoint`` holds (Spark's, as in
     its state metadata: ``symmetricHashJoin``, ``transformWithStateExec``, ...); none for a
-    checkpoint not made yet."""
+    checkpoint not made yet (not asked of Spark, which would warn that it has no state)."""
+    if not checkpoint.exists("state"):
+        return set()
     rows = spark.read.format("state-metadata").load(checkpoint.hadoop_uri).collect()
     return {str(row["operatorName"]) for row in rows}
 

@@ -71,3 +71,12 @@ def test_compare_prints_both_designs_leg_by_leg_and_the_command_keeps_the_switch
     command = bench._command({"seconds": 300.0, "trigger": "0 seconds", "full_batches": True})
     assert command == "flow bench freshness --seconds 300 --trigger '0 seconds' --full-batches"
     assert "--full-batches" not in bench._command({"full_batches": False})
+
+
+def test_the_settled_quantiles_leave_out_the_first_minute_only(bench: ModuleType) -> None:
+    catching_up = [[float(at), 40.0] for at in range(0, 60, 5)]
+    running = [[float(at), 5.0 + (at % 7)] for at in range(60, 900, 5)]
+    found = bench.settled(catching_up + running)
+    assert found["p50"] == pytest.approx(8.0)
+    assert found["p99"] == pytest.approx(11.0)
+    assert bench.settled(catching_up) == {}  # a run shorter than a minute has no such figure

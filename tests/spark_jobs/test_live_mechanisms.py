@@ -31,7 +31,7 @@ from spark_jobs.conf import session_conf
 from spark_jobs.features import Featurizer
 from spark_jobs.jvm import codegen_text, executed_plan
 from spark_jobs.live import inplan, plan
-from spark_jobs.live.batch_facts import Dropped
+from spark_jobs.live.batch_facts import Dropped, state_operators
 from spark_jobs.live.counts import Seen
 from spark_jobs.live.parts import WriterParts
 from spark_jobs.live.plan import (
@@ -133,6 +133,16 @@ def test_immediate_positives_come_from_the_processor_unless_a_join_came_first(
     in_memory.stage = replace(in_memory.stage, state_store="memory")
     _started(in_memory, monkeypatch)
     assert in_memory.positives == "join"
+
+
+def test_a_checkpoint_not_made_yet_holds_no_operators_and_spark_is_not_asked(
+    tmp_path: Path,
+) -> None:
+    """(Spark's state metadata reader would warn on the console that it found no state.)"""
+    nothing = cast(SparkSession, SimpleNamespace())  # any use of it raises
+    assert state_operators(nothing, location(str(tmp_path / "new"))) == set()
+    (tmp_path / "made" / "offsets").mkdir(parents=True)  # started, no stateful batch yet
+    assert state_operators(nothing, location(str(tmp_path / "made"))) == set()
 
 
 def test_the_positives_operator_can_be_named_at_launch_and_a_wrong_one_is_refused(

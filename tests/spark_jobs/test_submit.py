@@ -15,7 +15,7 @@ from flow.config import StackConfig
 from flow.console import console as make_console
 from flow.errors import ConfigError
 from flow.stack import jars
-from spark_jobs import submit
+from spark_jobs import session, submit
 
 
 @pytest.fixture
@@ -26,11 +26,14 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StackConfig:
         "spark", lib, tuple(lib / n for n in names), (lib / "sqlite-jdbc-1.jar",)
     )
     monkeypatch.setattr(jars, "resolve", lambda _name, _stack: resolved)
+    monkeypatch.setattr(session, "project_jar", lambda _cache, _spark_jars: lib / OWN_JAR)
     return StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
 
 
 KAFKA_JARS = ("spark-sql-kafka-0-10_2.13-4.1.3.jar", "kafka-clients-3.9.1.jar")
 DELTA_JARS = ("delta-spark_4.1_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")
+OWN_JAR = "primus-flow-0123456789abcdef.jar"
+"""The project's operators (flow.stack.project_jar), which every job gets."""
 
 
 @pytest.fixture
@@ -91,7 +94,8 @@ def test_the_stack_settings_are_added_under_the_users(stack: StackConfig, app: s
         f"{stack.home}/lib/sqlite-jdbc-1.jar",
     ]
     assert jars_given[-1] == "/opt/extra.jar"
-    assert len(jars_given) == 2 + len(KAFKA_JARS) + len(DELTA_JARS) + 1  # every connector's
+    assert len(jars_given) == 2 + len(KAFKA_JARS) + len(DELTA_JARS) + 1 + 1  # every connector's
+    assert f"{stack.home}/lib/{OWN_JAR}" in jars_given
     assert _pairs(argv, "--driver-class-path") == [f"{stack.home}/lib/sqlite-jdbc-1.jar"]
     assert launch.env["SPARK_LOCAL_IP"] == "127.0.0.1"
     assert launch.env["PYSPARK_PYTHON"]
@@ -147,6 +151,7 @@ def secret_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StackConfig
     lib = tmp_path / "lib"
     resolved = jars.ResolvedJars("spark", lib, (lib / "iceberg.jar",), ())
     monkeypatch.setattr(jars, "resolve", lambda _name, _stack: resolved)
+    monkeypatch.setattr(session, "project_jar", lambda _cache, _spark_jars: lib / OWN_JAR)
     return StackConfig.from_env(
         {
             "FLOW_HOME": str(tmp_path / "home"),
@@ -336,7 +341,7 @@ def test_a_job_without_kafka_or_delta_gets_neither_their_jars_nor_deltas_catalog
     stack: StackConfig, app: str
 ) -> None:
     argv = submit.submit_command([app], stack, frozenset()).argv
-    assert _jar_names(argv) == {"iceberg.jar", "sqlite-jdbc-1.jar"}
+    assert _jar_names(argv) == {"iceberg.jar", "sqlite-jdbc-1.jar", OWN_JAR}
     confs = dict(c.split("=", 1) for c in _pairs(argv, "--conf"))
     assert "Delta" not in confs["spark.sql.extensions"]
     assert "spark.sql.catalog.spark_catalog" not in confs
@@ -347,15 +352,21 @@ def test_a_job_gets_the_jars_and_settings_of_the_connectors_it_names(
     stack: StackConfig, app: str
 ) -> None:
     kafka = submit.submit_command([app], stack, frozenset({"kafka"})).argv
-    assert _jar_names(kafka) == {"iceberg.jar", "sqlite-jdbc-1.jar", *KAFKA_JARS}
+    assert _jar_names(kafka) == {"iceberg.jar", "sqlite-jdbc-1.jar", OWN_JAR, *KAFKA_JARS}
     assert not any("DeltaCatalog" in c for c in _pairs(kafka, "--conf"))
     delta = submit.submit_command([app], stack, frozenset({"delta"})).argv
-    assert _jar_names(delta) == {"iceberg.jar", "sqlite-jdbc-1.jar", *DELTA_JARS}
+    assert _jar_names(delta) == {"iceberg.jar", "sqlite-jdbc-1.jar", OWN_JAR, *DELTA_JARS}
     confs = dict(c.split("=", 1) for c in _pairs(delta, "--conf"))
     assert confs["spark.sql.catalog.spark_catalog"].endswith("DeltaCatalog")
     assert "DeltaSparkSessionExtension" in confs["spark.sql.extensions"]
     every = submit.submit_command([app], stack).argv  # a script flow knows nothing of: all
-    assert _jar_names(every) == {"iceberg.jar", "sqlite-jdbc-1.jar", *KAFKA_JARS, *DELTA_JARS}
+    assert _jar_names(every) == {
+        "iceberg.jar",
+        "sqlite-jdbc-1.jar",
+        OWN_JAR,
+        *KAFKA_JARS,
+        *DELTA_JARS,
+    }
     assert not any(c.startswith("spark.flow.connectors=") for c in _pairs(every, "--conf"))
 
 
