@@ -146,9 +146,12 @@ public final class ImmediatePositives extends StatefulProcessor<String, Row, Row
   @Override
   public scala.collection.Iterator<Row> handleInputRows(
       String key, scala.collection.Iterator<Row> rows, TimerValues timerValues) {
-    List<Row> held = list(events);
+    // Most keys bring one event and nothing else: its row is appended without reading the
+    // events held (they are read only when a label event needs them), and the label events
+    // waiting are read once (usually none).
     List<Row> waiting = list(labels);
-    int heldBefore = held.size();
+    List<Row> held = null;
+    List<Row> added = new ArrayList<>();
     boolean labelsChanged = false;
     List<Row> out = new ArrayList<>();
     while (rows.hasNext()) {
@@ -166,9 +169,16 @@ public final class ImmediatePositives extends StatefulProcessor<String, Row, Row
             }
           }
         }
-        held.add(event);
+        added.add(event);
+        if (held != null) {
+          held.add(event);
+        }
         getHandle().registerTimer(millisAfter(at + windowMicros));
       } else {
+        if (held == null) {
+          held = list(events);
+          held.addAll(added);
+        }
         Object time = row.get(labelTime);
         Object produced = row.get(labelProduced);
         long at = micros(time);
@@ -184,8 +194,8 @@ public final class ImmediatePositives extends StatefulProcessor<String, Row, Row
         getHandle().registerTimer(millisAfter(at));
       }
     }
-    if (held.size() != heldBefore) {
-      events.put(held.toArray(new Row[0]));
+    if (!added.isEmpty()) {
+      events.appendList(added.toArray(new Row[0]));
     }
     if (labelsChanged) {
       labels.put(waiting.toArray(new Row[0]));
