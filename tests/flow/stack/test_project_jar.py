@@ -39,11 +39,11 @@ def test_a_runtime_without_javac_is_told_to_install_a_jdk(
     java_home = tmp_path / "jre"
     (java_home / "bin").mkdir(parents=True)
     java = java_home / "bin" / "java"
-    java.write_text('#!/bin/sh\necho \'openjdk version "17.0.15" 2025-04-15\' >&2\n')
+    java.write_text("#!/bin/sh\necho 'openjdk version \"17.0.15\" 2025-04-15' >&2\n")
     java.chmod(0o755)
     monkeypatch.setenv("JAVA_HOME", str(java_home))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    with pytest.raises(JavaNotFoundError, match="JDK.*openjdk-17-jdk-headless"):
+    with pytest.raises(JavaNotFoundError, match=r"JDK.*openjdk-17-jdk-headless"):
         built.project_jar(tmp_path, pyspark_jars_dir())
 
 
@@ -53,6 +53,6 @@ def test_a_source_that_does_not_compile_is_reported_with_javac_s_words(
     broken = tmp_path / "Broken.java"
     broken.write_text("package flow.spark; public final class Broken { int x = ; }\n")
     monkeypatch.setattr(built, "sources", lambda: [broken])
-    with pytest.raises(JavaNotFoundError, match="(?s)could not compile.*Broken.java:1: error"):
+    with pytest.raises(JavaNotFoundError, match=r"(?s)could not compile.*Broken\.java:1: error"):
         built.project_jar(tmp_path, pyspark_jars_dir())
     assert not list((tmp_path / built.FOLDER).glob("*.jar"))
