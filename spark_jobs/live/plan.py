@@ -210,19 +210,7 @@ class LiveQuery:
         if self.labels is None:
             return deduplicated(rows, events.event_time, events.watermark, key) if key else rows
         label, source = self.labels
-        if label.strategy == "immediate":
-            return label_stream_immediate(
-                rows,
-                self._valid(parsed[label.source], source),
-                label,
-                events.event_time,
-                events.watermark,
-                source.event_time,
-                source.watermark,
-                event_key=key,
-                positives=self.positives,
-            )
-        return label_stream(
+        sides = (
             rows,
             self._valid(parsed[label.source], source),
             label,
@@ -230,8 +218,10 @@ class LiveQuery:
             events.watermark,
             source.event_time,
             source.watermark,
-            event_key=key,
         )
+        if label.strategy == "immediate":
+            return label_stream_immediate(*sides, event_key=key, positives=self.positives)
+        return label_stream(*sides, event_key=key)
 
     def choose_positives(self, checkpoint: Location) -> str:
         """How the immediate strategy will find its positives (spark_jobs.joins.POSITIVES):
