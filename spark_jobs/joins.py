@@ -151,9 +151,9 @@ def label_stream_immediate(
     positives: str = "processor",
 ) -> DataFrame:
     """The ``immediate`` strategy: every event at once as a negative, and again as a positive
-    when its label event arrives within the window (a right outer stream-stream join: a label
-    event that labelled nothing comes out alone, :data:`UNMATCHED`, once the watermark passes
-    it).
+    when its label event arrives within the window (what a right outer stream-stream join
+    emits: a label event that labelled nothing comes out alone, :data:`UNMATCHED`, once the
+    watermark passes it; by default from the project's processor, see :data:`POSITIVES`).
 
     The events are read twice, once per branch; each branch drops repeated events within the
     watermark by itself. The positive branch deduplicates on a key of its own name
