@@ -5,8 +5,9 @@ strategy's positives (spark_jobs/java/flow/spark/ImmediatePositives.java, a tran
 processor, which Spark runs per row; in Python each state access would cross a socket). The
 sources ship inside the ``spark_jobs`` package, and the first job that needs them compiles them
 with the JDK's ``javac`` against the installed pyspark's jars. The jar's name holds a hash of the
-sources, the pyspark version and the compiler's version, so an upgrade of any of them builds a
-new one and a jar is never stale; on a cluster it travels with ``spark.jars`` like the others.
+sources, the pyspark jars and the compiler (its path and install time, read without running it:
+this runs at every job's start), so an upgrade of any of them builds a new one and a jar is
+never stale; on a cluster it travels with ``spark.jars`` like the others.
 """
 
 from __future__ import annotations
@@ -47,22 +48,27 @@ def sources() -> list[Path]:
 
 
 def javac() -> Path:
-    """The ``javac`` beside the Java runtime the stack runs (JAVA_HOME's, else PATH's)."""
-    runtime = find_java().executable.resolve()
-    beside = runtime.parent / "javac"
-    if beside.exists():
+    """The ``javac`` beside the Java runtime the stack runs (JAVA_HOME's, else PATH's), else
+    PATH's. Found without starting a process: every Spark job's start asks for it."""
+    java_home = os.environ.get("JAVA_HOME")
+    runtime = Path(java_home) / "bin" / "java" if java_home else shutil.which("java")
+    if runtime is not None and (beside := Path(runtime).resolve().parent / "javac").exists():
         return beside
     found = shutil.which("javac")
     if found is None:
-        raise JavaNotFoundError(f"{runtime} is a Java runtime without javac: {_JDK_HINT}")
+        # Whatever is wrong with the runtime is said first (find_java), then that it has no javac.
+        raise JavaNotFoundError(
+            f"{find_java().executable} is a Java runtime without javac: {_JDK_HINT}"
+        )
     return Path(found)
 
 
-def _version(compiler: Path) -> str:
-    done = subprocess.run(
-        [str(compiler), "-version"], capture_output=True, text=True, timeout=60, check=False
-    )
-    return (done.stdout + done.stderr).strip()
+def _identity(compiler: Path) -> str:
+    """Which compiler this is, for the jar's name, without running it (a JVM start, ~0.1 s):
+    its real path and when it was installed."""
+    real = compiler.resolve()
+    stat = real.stat()
+    return f"{real}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def project_jar(jar_cache: Path, spark_jars: Path) -> Path:
@@ -75,13 +81,14 @@ def project_jar(jar_cache: Path, spark_jars: Path) -> Path:
     for path in files:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
-    digest.update(_version(compiler).encode())
+    digest.update(_identity(compiler).encode())
     for jar in sorted(spark_jars.glob("spark-*.jar")):
         digest.update(jar.name.encode())
     folder = jar_cache / FOLDER
     target = folder / f"primus-flow-{digest.hexdigest()[:16]}.jar"
     if target.is_file():
         return target
+    find_java()  # (a runtime older than Spark's is named before javac fails on it)
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as build:
         classes = Path(build) / "classes"

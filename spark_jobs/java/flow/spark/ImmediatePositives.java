@@ -278,13 +278,12 @@ public final class ImmediatePositives extends StatefulProcessor<String, Row, Row
     }
   }
 
+  /** The state's rows (none where it has none: get() alone, one read, not exists() first). */
   private static List<Row> list(ListState<Row> state) {
     List<Row> rows = new ArrayList<>();
-    if (state.exists()) {
-      scala.collection.Iterator<Row> it = state.get();
-      while (it.hasNext()) {
-        rows.add(it.next());
-      }
+    scala.collection.Iterator<Row> it = state.get();
+    while (it.hasNext()) {
+      rows.add(it.next());
     }
     return rows;
   }
