@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         "positives": args.positives,
     }
     designs = {"before": BEFORE, "chosen": chosen} if args.compare else {"chosen": chosen}
-    runs = {name: _run(stack, args, **design) for name, design in designs.items()}
+    runs = {name: _run(stack, args, design) for name, design in designs.items()}
     summary = runs["chosen"]
     if args.compare:
         summary["before"] = runs["before"]
@@ -272,15 +272,9 @@ batches across commits, and the positives from Spark's stream-stream join (``flo
 freshness`` before issue 47)."""
 
 
-def _run(
-    stack: StackConfig,
-    args: argparse.Namespace,
-    *,
-    trigger: str,
-    full_batches: bool,
-    positives: str,
-) -> dict[str, Any]:
-    """One run of the demo's workflow at the bench's size, and its figures."""
+def _run(stack: StackConfig, args: argparse.Namespace, design: dict[str, Any]) -> dict[str, Any]:
+    """One run of the demo's workflow at the bench's size with ``design`` (a trigger, full
+    batches or not, the positives' operator: :data:`BEFORE`'s keys), and its figures."""
     from flow.cli.jobs import spark_launcher
 
     size = DemoSize(
@@ -289,11 +283,11 @@ def _run(
         rate=args.rate,
         live_s=args.seconds,
         drain_s=args.drain,
-        trigger=trigger,
+        trigger=design["trigger"],
         per_batch=args.per_batch,
         labels=args.labels,
         batch_size=args.batch_size,
-        full_batches=full_batches,
+        full_batches=design["full_batches"],
     )
     started = time.monotonic()
 
@@ -303,8 +297,8 @@ def _run(
     launch = spark_launcher(stack)
     options = ["--master", args.master] if args.master else []
     options += [item for conf in args.conf for item in ("--conf", conf)]
-    if positives != "processor":  # (the processor: the stage's own choice on a new checkpoint)
-        options += ["--conf", f"{POSITIVES_KEY}={positives}"]
+    if design["positives"] != "processor":  # (the processor: the stage's own choice)
+        options += ["--conf", f"{POSITIVES_KEY}={design['positives']}"]
 
     def spark(app: Sequence[str], env: dict[str, str]) -> int:
         return launch([*options, *app], env)
@@ -313,11 +307,7 @@ def _run(
     summary = summarize(stack, parent, namespace=NAMESPACE)
     summary["stage_lag"] = _stage_lag(stack, parent)
     summary["breakdown"] = breakdown(stack, parent, summary)
-    summary["args"] = vars(args) | {
-        "trigger": trigger,
-        "full_batches": full_batches,
-        "positives": positives,
-    }
+    summary["args"] = vars(args) | design
     summary["args"].pop("compare", None)
     series = _series(stack, parent)
     summary["produced_to_trained_series"] = series
