@@ -14,10 +14,12 @@ from pathlib import Path
 
 from flow.config import LOOPBACK, CatalogConfig, S3Config, StackConfig, is_s3
 from flow.stack.iceberg import s3_properties
+from flow.stack.project_jar import is_project_jar
 
 __all__ = [
     "CODEGEN_CACHE",
     "CONNECTORS_KEY",
+    "FORKLESS_FILES",
     "LAUNCH_KEYS",
     "REQUIRED_CLASSES",
     "catalog_conf",
@@ -62,6 +64,18 @@ _OPTIONAL_CLASSES = {"delta": "Delta (delta-spark)", "kafka": "Kafka (spark-sql-
 CONNECTORS_KEY = "spark.flow.connectors"
 """The optional connectors (flow.engine.CONNECTORS) a job was launched with, comma-separated:
 the session then asks for no others' extensions, catalogs or classes. Unset: all of them."""
+
+FORKLESS_FILES = {
+    "spark.hadoop.fs.file.impl": "flow.spark.ForklessLocalFileSystem",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "flow.spark.ForklessLocalFs",
+}
+"""A local session's ``file:`` file systems: Hadoop's, without the ``chmod`` process it starts
+for each file it creates and the two ``readlink`` it starts for each rename (it has no native
+library here). A live micro-batch writes some 35 checkpoint files; with Hadoop's own, a state
+store's commit took 85 ms a partition (spark_jobs/java/flow/spark/ForklessRawLocalFileSystem.java
+says more). Local masters only: there the driver is the executor, and the jar is on its system
+classpath (spark_jobs.session.stack_jars puts it there), where Hadoop's configuration finds
+classes whatever thread asks; set only where it is."""
 
 CODEGEN_CACHE = "spark.sql.codegen.cache.maxEntries"
 """How many generated classes Spark keeps per JVM (see :func:`session_conf`)."""
@@ -242,4 +256,6 @@ def stack_conf(
         conf[CONNECTORS_KEY] = ",".join(sorted(connectors))
     if local:
         conf["spark.driver.memory"] = stack.spark.driver_memory
+        if any(is_project_jar(p) for p in driver_classpath):
+            conf.update(FORKLESS_FILES)
     return conf

@@ -46,6 +46,7 @@ __all__ = [
     "driver_memory",
     "exception_chain",
     "executed_plan",
+    "hadoop_conf",
     "jvm",
     "last_execution",
     "launch_conf",
@@ -92,6 +93,15 @@ def jvm(spark: SparkSession) -> JavaObject:
     Reaches ``SparkSession._jvm``. No public way: pyspark does not expose the JVM.
     """
     return spark._jvm
+
+
+def hadoop_conf(spark: SparkSession) -> JavaObject:
+    """The session's Hadoop configuration (``org.apache.hadoop.conf.Configuration``), the one
+    Spark opens its file systems with.
+
+    Reaches ``SparkContext._jsc``. No public way: pyspark gives only the Spark settings.
+    """
+    return spark.sparkContext._jsc.hadoopConfiguration()
 
 
 @contextmanager

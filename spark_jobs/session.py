@@ -71,8 +71,10 @@ def stack_jars(stack: StackConfig, connectors: frozenset[str] | None = None) -> 
             "spark+s3", resolved.folder, resolved.jars + s3.jars, resolved.driver_classpath
         )
     own = project_jar(stack.jar_cache, jars.pyspark_jars_dir())
+    # Also on the driver's system classpath: Hadoop's configuration looks its file systems up
+    # there (spark_jobs.conf.FORKLESS_FILES).
     return jars.ResolvedJars(
-        resolved.profile, resolved.folder, (*resolved.jars, own), resolved.driver_classpath
+        resolved.profile, resolved.folder, (*resolved.jars, own), (*resolved.driver_classpath, own)
     )
 
 

@@ -24,10 +24,18 @@ from pathlib import Path
 from flow.errors import JavaNotFoundError
 from flow.stack.java import find_java
 
-__all__ = ["FOLDER", "javac", "project_jar", "sources"]
+__all__ = ["FOLDER", "is_project_jar", "javac", "project_jar", "sources"]
 
 FOLDER = "flow-jvm"
 """The jar cache's folder for the project's own jar (beside the resolved profiles')."""
+
+_PREFIX = "primus-flow-"
+
+
+def is_project_jar(path: Path) -> bool:
+    """Whether ``path`` is a jar :func:`project_jar` built."""
+    return path.parent.name == FOLDER and path.name.startswith(_PREFIX) and path.suffix == ".jar"
+
 
 _JDK_HINT = (
     "install a Java 17+ JDK (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless) or point "
@@ -82,10 +90,10 @@ def project_jar(jar_cache: Path, spark_jars: Path) -> Path:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     digest.update(_identity(compiler).encode())
-    for jar in sorted(spark_jars.glob("spark-*.jar")):
+    for jar in sorted([*spark_jars.glob("spark-*.jar"), *spark_jars.glob("hadoop-*.jar")]):
         digest.update(jar.name.encode())
     folder = jar_cache / FOLDER
-    target = folder / f"primus-flow-{digest.hexdigest()[:16]}.jar"
+    target = folder / f"{_PREFIX}{digest.hexdigest()[:16]}.jar"
     if target.is_file():
         return target
     find_java()  # (a runtime older than Spark's is named before javac fails on it)

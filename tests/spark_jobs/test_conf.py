@@ -8,6 +8,7 @@ import pytest
 from flow.config import StackConfig
 from spark_jobs.conf import (
     CODEGEN_CACHE,
+    FORKLESS_FILES,
     ICEBERG_EXTENSIONS,
     LAUNCH_KEYS,
     REQUIRED_CLASSES,
@@ -73,6 +74,25 @@ def test_launch_settings_carry_jars_and_the_jdbc_driver(tmp_path: Path) -> None:
     assert conf["spark.driver.extraClassPath"] == str(jars[1])
     assert "spark.driver.memory" not in conf  # a cluster's driver memory is the user's call
     assert set(conf) | {"spark.driver.memory"} >= LAUNCH_KEYS
+
+
+def test_local_sessions_write_files_without_starting_processes_where_the_project_jar_is(
+    tmp_path: Path,
+) -> None:
+    """Hadoop's local file system starts chmod and readlink processes for each checkpoint
+    file; the project's own does not (spark_jobs.conf.FORKLESS_FILES). Its classes are looked
+    up on the driver's system classpath, so they are named only where the jar is there."""
+    stack = StackConfig.from_env({"FLOW_HOME": str(tmp_path)})
+    own = tmp_path / "flow-jvm" / "primus-flow-0123456789abcdef.jar"
+    jdbc = tmp_path / "sqlite-jdbc-3.jar"
+    local = stack_conf(stack, [jdbc, own], [jdbc, own], master="local[2]")
+    assert {k: local[k] for k in FORKLESS_FILES} == FORKLESS_FILES
+    assert local["spark.hadoop.fs.file.impl"] == "flow.spark.ForklessLocalFileSystem"
+    assert str(own) in local["spark.driver.extraClassPath"].split(":")
+    without_jar = stack_conf(stack, [jdbc, own], [jdbc], master="local[2]")
+    cluster = stack_conf(stack, [jdbc, own], [jdbc, own], master="spark://m:7077")
+    for conf in (without_jar, cluster):
+        assert not set(FORKLESS_FILES) & set(conf)
 
 
 def test_local_python_workers_use_the_lean_daemon_only_when_they_run_this_python(

@@ -51,6 +51,14 @@ def test_start_driver_jvm_gives_the_running_jvm(spark: SparkSession) -> None:
 
 
 @pytest.mark.integration
+def test_hadoop_conf_gives_the_configuration_spark_opens_files_with(spark: SparkSession) -> None:
+    with accessor("hadoop_conf"):
+        conf = jvm.hadoop_conf(spark)
+        assert conf.getClass().getName() == "org.apache.hadoop.conf.Configuration"
+        assert conf.get("fs.file.impl") == "flow.spark.ForklessLocalFileSystem"
+
+
+@pytest.mark.integration
 def test_jvm_gives_spark_and_the_connectors_classes(spark: SparkSession) -> None:
     with accessor("jvm"):
         utils = jvm.jvm(spark).org.apache.spark.util.Utils

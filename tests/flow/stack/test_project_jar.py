@@ -26,10 +26,15 @@ def test_a_changed_source_makes_a_jar_of_another_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = built.project_jar(tmp_path, pyspark_jars_dir())
-    changed = tmp_path / "src" / "ImmediatePositives.java"
-    changed.parent.mkdir()
-    changed.write_text(built.sources()[0].read_text() + "\n// changed\n")
-    monkeypatch.setattr(built, "sources", lambda: [changed])
+    copies = []
+    for source in built.sources():
+        copy = tmp_path / "src" / source.name
+        copy.parent.mkdir(exist_ok=True)
+        copy.write_text(source.read_text())
+        copies.append(copy)
+    with copies[-1].open("a") as changed:
+        changed.write("\n// changed\n")
+    monkeypatch.setattr(built, "sources", lambda: copies)
     assert built.project_jar(tmp_path, pyspark_jars_dir()) != first
 
 
