@@ -5,8 +5,8 @@ The same events and label events reach both over file streams in four steps, eac
 the query (``availableNow``) from its checkpoint, so every step also restarts the query and the
 processor's state and timers come back from the checkpoint. Both must emit exactly the rows
 this module expects: a positive when a label event comes within the window (before or after its
-event), none outside it, one for a repeated label event, and each label event that labelled
-nothing alone once the watermark has passed it.
+event), none outside it, one for a repeated label event, none for a repeated or a late event,
+and each label event that labelled nothing alone once the watermark has passed it.
 """
 
 from __future__ import annotations
@@ -47,14 +47,17 @@ STEPS: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
         [_row("k1", 5, 5.5), _row("k4", 1, 1), _row(None, 2, 2)],
     ),
     (
-        [_row("k4", 0.5, 0.5)],
+        # k1's impression again (a repeat: k1's click below must not label it twice).
+        [_row("k4", 0.5, 0.5), _row("k1", 0, 3)],
         # k2's click is 40 minutes late (outside its window); k1's click again; k5's click on
         # the window's last instant.
         [_row("k2", 40, 40), _row("k1", 6, 6), _row("k5", 31, 31)],
     ),
     # The watermark moves to 70 minutes: k2's click and the keyless one are passed.
     ([_row("k9", 80, 80)], [_row("k9", 81, 82)]),
-    ([_row("k10", 90, 90)], []),
+    # k11's impression comes late (65 < 70): dropped, so its click in time labels nothing (it
+    # waits for the watermark to pass it, after the last step).
+    ([_row("k10", 90, 90), _row("k11", 65, 91)], [_row("k11", 85, 91)]),
 ]
 
 EXPECTED: set[Seen] = {
