@@ -96,7 +96,11 @@ def test_the_stack_settings_are_added_under_the_users(stack: StackConfig, app: s
     assert jars_given[-1] == "/opt/extra.jar"
     assert len(jars_given) == 2 + len(KAFKA_JARS) + len(DELTA_JARS) + 1 + 1  # every connector's
     assert f"{stack.home}/lib/{OWN_JAR}" in jars_given
-    assert _pairs(argv, "--driver-class-path") == [f"{stack.home}/lib/sqlite-jdbc-1.jar"]
+    # The JDBC driver registers from the system classpath only; Hadoop finds the project's
+    # file systems there (spark_jobs.conf.FORKLESS_FILES).
+    assert _pairs(argv, "--driver-class-path") == [
+        f"{stack.home}/lib/sqlite-jdbc-1.jar:{stack.home}/lib/{OWN_JAR}"
+    ]
     assert launch.env["SPARK_LOCAL_IP"] == "127.0.0.1"
     assert launch.env["PYSPARK_PYTHON"]
 
