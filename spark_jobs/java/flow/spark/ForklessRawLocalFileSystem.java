@@ -3,14 +3,11 @@ package flow.spark;
 import java.io.File;
 import java.io.IOException;
 import java.nio.file.Files;
-import java.nio.file.attribute.PosixFilePermission;
-import java.util.EnumSet;
-import java.util.Set;
+import java.nio.file.attribute.PosixFilePermissions;
 
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.RawLocalFileSystem;
-import org.apache.hadoop.fs.permission.FsAction;
 import org.apache.hadoop.fs.permission.FsPermission;
 
 /**
@@ -35,7 +32,9 @@ public class ForklessRawLocalFileSystem extends RawLocalFileSystem {
       super.setPermission(p, permission);
       return;
     }
-    Files.setPosixFilePermissions(pathToFile(p).toPath(), posix(permission));
+    // Without the sticky bit, Hadoop writes a permission as POSIX does ("rwxr-x---").
+    Files.setPosixFilePermissions(
+        pathToFile(p).toPath(), PosixFilePermissions.fromString(permission.toString()));
   }
 
   @Override
@@ -47,33 +46,5 @@ public class ForklessRawLocalFileSystem extends RawLocalFileSystem {
     // Not a link: its status is the file's own (FileNotFoundException where there is none,
     // as Hadoop's).
     return getFileStatus(f);
-  }
-
-  static Set<PosixFilePermission> posix(FsPermission permission) {
-    Set<PosixFilePermission> set = EnumSet.noneOf(PosixFilePermission.class);
-    add(set, permission.getUserAction(), PosixFilePermission.OWNER_READ,
-        PosixFilePermission.OWNER_WRITE, PosixFilePermission.OWNER_EXECUTE);
-    add(set, permission.getGroupAction(), PosixFilePermission.GROUP_READ,
-        PosixFilePermission.GROUP_WRITE, PosixFilePermission.GROUP_EXECUTE);
-    add(set, permission.getOtherAction(), PosixFilePermission.OTHERS_READ,
-        PosixFilePermission.OTHERS_WRITE, PosixFilePermission.OTHERS_EXECUTE);
-    return set;
-  }
-
-  private static void add(
-      Set<PosixFilePermission> set,
-      FsAction action,
-      PosixFilePermission read,
-      PosixFilePermission write,
-      PosixFilePermission execute) {
-    if (action.implies(FsAction.READ)) {
-      set.add(read);
-    }
-    if (action.implies(FsAction.WRITE)) {
-      set.add(write);
-    }
-    if (action.implies(FsAction.EXECUTE)) {
-      set.add(execute);
-    }
   }
 }
